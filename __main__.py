@@ -1,0 +1,52 @@
+"""spark-vllm: wires the validated stack config to the components; the components hold the logic."""
+
+from pathlib import Path
+
+import pulumi
+
+from components import config
+from components.cluster_ready import ClusterReady, ClusterReadyArgs
+from components.ray_node import RayNode, RayNodeArgs
+from components.serve_ready import ServeReady, ServeReadyArgs
+from components.spark_node import SparkNode, SparkNodeArgs
+from components.vllm_serve import VllmServe, VllmServeArgs
+
+d = config.from_pulumi(Path(__file__).parent)
+cluster, serve = d.cluster, d.serve
+stack_config = pulumi.Config(config.NAMESPACE)
+private_key = pulumi.Output.secret(d.ssh_private_key) if d.ssh_private_key else None
+
+sparks = {
+    node.name: SparkNode(node.name, SparkNodeArgs(node=node, ssh=cluster.ssh, image=serve.image,
+                                                  jump=cluster.node(node.via) if node.via else None,
+                                                  private_key=private_key))
+    for node in cluster.nodes
+}
+head_spark = sparks[cluster.head.name]
+head = RayNode("ray-head", RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=cluster.head,
+                                       spark=head_spark))
+workers = {
+    node.name: RayNode(f"ray-worker-{node.name}",
+                       RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name],
+                                   head_container_id=head.container_id))
+    for node in cluster.workers
+}
+cluster_ready = ClusterReady("cluster-ready", ClusterReadyArgs(
+    cluster=cluster, connection=head_spark.connection, head_container=head.container_name,
+    container_ids=[head.container_id, *(w.container_id for w in workers.values())],
+    timeout_s=d.cluster_ready_timeout_s))
+vllm = VllmServe("vllm-serve", VllmServeArgs(
+    cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
+    cluster_ready_id=cluster_ready.ready_id,
+    secrets={key: stack_config.require_secret(key) for key in d.secrets}))
+serve_ready = ServeReady("serve-ready", ServeReadyArgs(
+    cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
+    serve_id=vllm.serve_id, timeout_s=d.serve_ready_timeout_s))
+
+# The URL is exported only once the model answers, so a stack output always points at a working endpoint.
+pulumi.export("baseUrl", serve_ready.ready_id.apply(
+    lambda _: f"http://{cluster.endpoint_host}:{cluster.api_port}/v1"))
+pulumi.export("servedModel", serve.served_name)
+pulumi.export("fabricIps", {node.name: node.fabric_ip for node in cluster.nodes})
+pulumi.export("containerIds", {cluster.head.name: head.container_id,
+                               **{name: worker.container_id for name, worker in workers.items()}})

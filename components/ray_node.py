@@ -1,0 +1,107 @@
+"""The Ray containers: the head, and one worker per other node, each pinned to its node's fabric address.
+
+Both are `docker.Container`s on the node's own Docker provider. Every input of a container forces its
+replacement in pulumi-docker (except `restart`), so the config diff decides exactly which ones restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_docker as docker
+
+from .config import ClusterSpec, NodeSpec, ServeSpec
+from .spark_node import SparkNode
+
+HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+
+
+def pinned_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
+    """Everything that picks an address or interface, set to the fabric, so nothing can pick the management IP."""
+    iface = cluster.fabric_interface
+    return {
+        "VLLM_HOST_IP": node.fabric_ip,
+        "NCCL_SOCKET_IFNAME": iface,
+        "GLOO_SOCKET_IFNAME": iface,
+        "UCX_NET_DEVICES": iface,
+        "TP_SOCKET_IFNAME": iface,
+        "OMPI_MCA_btl_tcp_if_include": iface,
+        "MASTER_ADDR": cluster.head.fabric_ip,
+        # Ray's OOM killer counts unified memory as pressure and killed the seed's load at 95 %.
+        "RAY_memory_monitor_refresh_ms": "0",
+    }
+
+
+def container_env(cluster: ClusterSpec, node: NodeSpec) -> list[str]:
+    env = {**cluster.env, **node.env, **pinned_env(cluster, node)}
+    return [f"{key}={value}" for key, value in sorted(env.items())]
+
+
+def ray_start(cluster: ClusterSpec, node: NodeSpec) -> list[str]:
+    common = [f"--node-ip-address={node.fabric_ip}", f"--num-gpus={cluster.gpus_per_node}",
+              "--disable-usage-stats", "--block"]
+    if node.head:
+        return ["start", "--head", f"--port={cluster.ray_port}", f"--dashboard-host={node.fabric_ip}",
+                f"--dashboard-port={cluster.dashboard_port}", *common]
+    return ["start", f"--address={cluster.head.fabric_ip}:{cluster.ray_port}", *common]
+
+
+def container_name(stack: str, node: NodeSpec) -> str:
+    return f"spark-vllm-{stack}-ray-{'head' if node.head else 'worker'}"
+
+
+@dataclass
+class RayNodeArgs:
+    stack: str
+    cluster: ClusterSpec
+    serve: ServeSpec
+    node: NodeSpec
+    spark: SparkNode
+    head_container_id: Optional[pulumi.Input[str]] = None  # set for workers: ties them to one head
+
+
+class RayNode(pulumi.ComponentResource):
+    """A `ray start --block` container on one node: the head, or a worker joined to the head's fabric address."""
+
+    container_id: pulumi.Output[str]
+    container_name: str
+
+    def __init__(self, name: str, args: RayNodeArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("spark-vllm:index:RayNode", name, None, opts)
+        cluster, node = args.cluster, args.node
+        labels = [docker.ContainerLabelArgs(label="spark-vllm.stack", value=args.stack),
+                  docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if node.head else "worker")]
+        if args.head_container_id is not None:
+            # A worker must rejoin whenever the head is replaced; depends_on alone would leave it running
+            # against a dead GCS. The head's id in a label makes the replacement part of the worker's diff.
+            labels.append(docker.ContainerLabelArgs(label="spark-vllm.head-id", value=args.head_container_id))
+        mounts = [docker.ContainerMountArgs(type="bind", source=args.serve.model_path, target=args.serve.model_path,
+                                            read_only=True),
+                  docker.ContainerMountArgs(type="bind", source=cluster.hf_cache, target=HF_CACHE_IN_CONTAINER)]
+        self.container_name = container_name(args.stack, node)
+        container = docker.Container(
+            f"{name}-container",
+            name=self.container_name,
+            image=args.spark.image_id,
+            entrypoints=["ray"],
+            command=ray_start(cluster, node),
+            envs=container_env(cluster, node),
+            labels=labels,
+            network_mode="host",
+            ipc_mode="host",
+            shm_size=cluster.shm_size_mb,
+            gpus=cluster.docker_gpus,
+            devices=[docker.ContainerDeviceArgs(host_path="/dev/infiniband")] if cluster.rdma else None,
+            capabilities=docker.ContainerCapabilitiesArgs(adds=["IPC_LOCK"]) if cluster.rdma else None,
+            ulimits=[docker.ContainerUlimitArgs(name="memlock", soft=-1, hard=-1),
+                     docker.ContainerUlimitArgs(name="stack", soft=67108864, hard=67108864),
+                     docker.ContainerUlimitArgs(name="nofile", soft=1048576, hard=1048576)],
+            mounts=mounts,
+            restart="no",  # a restarted node leaves this down, and `pulumi up --refresh` rebuilds the chain
+            opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True),
+        )
+        self.container_id = container.id
+        self.register_outputs({"containerId": self.container_id, "containerName": self.container_name,
+                               "fabricIp": node.fabric_ip})

@@ -1,0 +1,106 @@
+"""Waits until Ray reports exactly the expected nodes, by fabric IP, with the expected GPUs.
+
+Runs inside the Ray head container (`python3 - ARGS`, this file on stdin) and uses Ray's own view of the
+cluster. Exit 0 when ready; exit 1 at the deadline with `ray status`, the missing and the unexpected IPs.
+"""
+
+import argparse
+import socket
+import subprocess
+import sys
+import time
+
+
+def parse_pairs(values):
+    return dict(v.split("=", 1) for v in values)
+
+
+def diagnose(alive, expected, management, gpus_expected, interface):
+    """Compares Ray's alive nodes [(ip, gpus)] with the expected {name: fabric ip}. Returns (ready, problems)."""
+    by_ip = {}
+    for ip, gpus in alive:
+        by_ip[ip] = by_ip.get(ip, 0) + gpus
+    problems = []
+    for name, ip in expected.items():
+        if ip not in by_ip:
+            problems.append(f"{name} ({ip}) has not joined: check that {ip} is {name}'s address on {interface} "
+                            f"and that its Ray worker container is running")
+    mgmt_owner = {ip: name for name, ip in management.items()}
+    for ip in sorted(set(by_ip) - set(expected.values())):
+        if ip in mgmt_owner:
+            name = mgmt_owner[ip]
+            problems.append(f"a Ray node registered with {name}'s management IP {ip} instead of its fabric IP "
+                            f"{expected[name]}: Ray auto-detected the wrong interface (the seed's failure). Pin it "
+                            f"with `ray start --node-ip-address={expected[name]}` and VLLM_HOST_IP={expected[name]}")
+        else:
+            problems.append(f"an unexpected Ray node registered with IP {ip}: no node of this cluster has that "
+                            f"fabric IP; stop the stray `ray start` there or fix the node's fabricIp")
+    gpus = sum(by_ip.values())
+    if not problems and gpus != gpus_expected:
+        problems.append(f"Ray sees {gpus:g} GPUs, expected {gpus_expected}: check --num-gpus and the GPU runtime")
+    return not problems, problems
+
+
+def wait_for_port(host, port, deadline):
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=2).close()
+            return True
+        except OSError:
+            time.sleep(0.5)
+    return False
+
+
+def alive_nodes(ray):
+    return [(n["NodeManagerAddress"], n.get("Resources", {}).get("GPU", 0)) for n in ray.nodes() if n["Alive"]]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--address", required=True)
+    p.add_argument("--expect", action="append", default=[], help="name=fabric-ip")
+    p.add_argument("--management", action="append", default=[], help="name=management-ip")
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--interface", required=True)
+    p.add_argument("--timeout", type=float, required=True)
+    a = p.parse_args()
+    expected, management = parse_pairs(a.expect), parse_pairs(a.management)
+    deadline = time.monotonic() + a.timeout
+    host, port = a.address.rsplit(":", 1)
+    print(f"waiting up to {a.timeout:.0f}s for {len(expected)} Ray nodes ({', '.join(expected.values())}) "
+          f"with {a.gpus} GPUs", flush=True)
+    problems = [f"Ray's GCS at {a.address} does not accept connections"]
+    if wait_for_port(host, int(port), deadline):
+        import ray
+        ray.init(address=a.address, logging_level="ERROR", log_to_driver=False)
+        shown = None
+        while True:
+            nodes = alive_nodes(ray)
+            ready, problems = diagnose(nodes, expected, management, a.gpus, a.interface)
+            joined = sorted(ip for ip, _ in nodes)
+            if joined != shown:
+                print(f"Ray nodes alive: {', '.join(joined) or 'none'}", flush=True)
+                shown = joined
+            if ready:
+                print(f"cluster ready: {len(nodes)} nodes, {a.gpus} GPUs", flush=True)
+                return 0
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(1)
+    print(f"cluster not ready after {a.timeout:.0f}s:", file=sys.stderr)
+    for problem in problems:
+        print(f"  - {problem}", file=sys.stderr)
+    print("ray status:\n" + ray_status(a.address), file=sys.stderr)
+    return 1
+
+
+def ray_status(address):
+    try:
+        done = subprocess.run(["ray", "status", f"--address={address}"], capture_output=True, text=True, timeout=60)
+        return (done.stdout + done.stderr).strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(could not run ray status: {e})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

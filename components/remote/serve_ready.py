@@ -1,0 +1,151 @@
+"""Waits for vLLM to serve: the process alive, then /health, then /v1/models listing the served model.
+
+Runs inside the Ray head container (`python3 - ARGS`, this file on stdin). While it waits it prints the
+weight-loading progress read from the vLLM log (shards k/N and an estimate of GB/s), so a long load never looks
+hung. On failure it says whether the process died or is still loading, and prints the log tail.
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+
+SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s+(\d+)% Completed \|\s*(\d+)/(\d+)")
+MILESTONES = ("Loading weights took", "Application startup complete", "Error", "ERROR", "Traceback")
+
+
+def shard_progress(line):
+    m = SHARDS.search(line)
+    return (int(m.group(2)), int(m.group(3))) if m else None
+
+
+def api_key(env_file):
+    try:
+        with open(env_file) as f:
+            for line in f:
+                if line.startswith("VLLM_API_KEY="):
+                    return line.split("=", 1)[1].strip().strip("'")
+    except OSError:
+        pass
+    return None
+
+
+def get(url, key):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except OSError:
+        return None, ""
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); it is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def tail(path, n=40):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError as e:
+        return f"(no log: {e})\n"
+
+
+def fmt(seconds):
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+class LogFollower:
+    def __init__(self, path):
+        self.path, self.pos = path, 0
+
+    def new_lines(self):
+        try:
+            with open(self.path, errors="replace") as f:
+                f.seek(self.pos)
+                data = f.read()
+        except OSError:
+            return []
+        complete = data[: data.rfind("\n") + 1]
+        self.pos += len(complete.encode())
+        # tqdm redraws with carriage returns; each redraw is a line for us.
+        return [part for line in complete.splitlines() for part in line.split("\r") if part.strip()]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--node", required=True)
+    p.add_argument("--url", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--log", required=True)
+    p.add_argument("--pid-file", required=True)
+    p.add_argument("--env-file", required=True)
+    p.add_argument("--timeout", type=float, required=True)
+    p.add_argument("--heartbeat", type=float, default=30)
+    a = p.parse_args()
+    start = time.monotonic()
+    deadline = start + a.timeout
+    key = api_key(a.env_file)
+    with open(a.pid_file) as f:
+        pid = int(f.read().strip())
+    weights = sum(os.path.getsize(s) for s in glob.glob(os.path.join(a.model_path, "*.safetensors")))
+    log = LogFollower(a.log)
+    phase, load_start, last_print = "starting", None, 0.0
+    print(f"waiting up to {fmt(a.timeout)} for vllm serve (pid {pid}) on {a.node}; log {a.log}", flush=True)
+    while True:
+        now = time.monotonic()
+        for line in log.new_lines():
+            progress = shard_progress(line)
+            if progress:
+                done, total = progress
+                load_start = load_start or now
+                rate = weights * done / total / max(now - load_start, 1e-3) / 1e9 if done else 0.0
+                phase = f"loading weights {done}/{total} shards"
+                print(f"{phase} ({fmt(now - start)} elapsed, ~{rate:.2f} GB/s)", flush=True)
+                last_print = now
+            elif any(m in line for m in MILESTONES):
+                print(f"vllm: {line.strip()}", flush=True)
+                last_print = now
+        if not alive(pid):
+            print(f"vllm serve on {a.node} exited while {phase}. Last lines of {a.log}:\n{tail(a.log)}",
+                  file=sys.stderr, flush=True)
+            return 1
+        health, _ = get(a.url + "/health", None)
+        if health == 200:
+            status, body = get(a.url + "/v1/models", key)
+            models = [m.get("id") for m in json.loads(body).get("data", [])] if status == 200 else []
+            if a.model in models:
+                print(f"ready: {a.model} served at {a.url} after {fmt(now - start)}", flush=True)
+                return 0
+            phase = f"/health is up; /v1/models answered {status} with {models}"
+        if now >= deadline:
+            print(f"vllm serve on {a.node} is still running (pid {pid}) but not ready after {fmt(a.timeout)} "
+                  f"({phase}). Last lines of {a.log}:\n{tail(a.log)}", file=sys.stderr, flush=True)
+            return 1
+        if now - last_print >= a.heartbeat:
+            print(f"still waiting: {phase}, {fmt(now - start)} elapsed, {fmt(deadline - now)} left", flush=True)
+            last_print = now
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""One DGX Spark: a Docker provider over SSH, the matching remote-command connection, and the image on it."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_command as command
+import pulumi_docker as docker
+
+from .config import NodeSpec, SshSpec
+
+
+@dataclass
+class SparkNodeArgs:
+    node: NodeSpec
+    ssh: SshSpec
+    image: str
+    jump: Optional[NodeSpec] = None  # the node to hop through, when `node.via` is set
+    private_key: Optional[pulumi.Input[str]] = None  # a secret; None uses the ssh agent
+
+
+def ssh_options(ssh: SshSpec) -> list[str]:
+    """Options for the local `ssh` binary, which pulumi-docker runs to reach a node's Docker daemon."""
+    opts = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=15",
+            "-o", f"StrictHostKeyChecking={ssh.strict_host_key_checking}"]
+    if ssh.known_hosts_file:
+        opts += ["-o", f"UserKnownHostsFile={ssh.known_hosts_file}"]
+    if ssh.key_file:
+        opts += ["-o", "IdentitiesOnly=yes", "-i", ssh.key_file]
+    return opts
+
+
+def docker_ssh_opts(ssh: SshSpec, jump: Optional[NodeSpec]) -> list[str]:
+    opts = ssh_options(ssh)
+    if jump is not None:
+        # A ProxyCommand carries every option to the jump hop too; `ssh -J` would drop the -o options there.
+        hop = ["ssh", *opts, "-p", str(jump.ssh_port), "-W", "%h:%p", f"{jump.ssh_user}@{jump.ssh_host}"]
+        opts += ["-o", "ProxyCommand=" + shlex.join(hop)]
+    return opts
+
+
+class SparkNode(pulumi.ComponentResource):
+    """A Spark reached over SSH: `provider` runs containers on it, `connection` runs commands on it."""
+
+    provider: docker.Provider
+    connection: command.remote.ConnectionArgs
+    image_id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: SparkNodeArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("spark-vllm:index:SparkNode", name, None, opts)
+        node, jump = args.node, args.jump
+        port = "" if node.ssh_port == 22 else f":{node.ssh_port}"
+        self.host = f"ssh://{node.ssh_user}@{node.ssh_host}{port}"
+        self.provider = docker.Provider(f"{name}-docker", host=self.host,
+                                        ssh_opts=docker_ssh_opts(args.ssh, jump),
+                                        opts=pulumi.ResourceOptions(parent=self))
+        proxy = None
+        if jump is not None:
+            proxy = command.remote.ProxyConnectionArgs(host=jump.ssh_host, port=jump.ssh_port, user=jump.ssh_user,
+                                                       private_key=args.private_key)
+        self.connection = command.remote.ConnectionArgs(host=node.ssh_host, port=node.ssh_port, user=node.ssh_user,
+                                                        private_key=args.private_key, proxy=proxy)
+        # Its id, not its tag, feeds the containers: a new image under the same tag replaces them.
+        image = docker.RemoteImage(f"{name}-image", name=args.image, keep_locally=True,
+                                   opts=pulumi.ResourceOptions(parent=self, provider=self.provider))
+        self.image_id = image.image_id
+        self.register_outputs({"host": self.host, "imageId": self.image_id})

@@ -1,0 +1,90 @@
+"""`vllm serve` as a resource: started in the background inside the Ray head container, stopped on delete."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import pulumi
+import pulumi_command as command
+
+from .config import ClusterSpec, ServeSpec
+from .remote import script
+
+RUN_DIR = "/run/spark-vllm"
+PID_FILE = f"{RUN_DIR}/serve.pid"
+ENV_FILE = f"{RUN_DIR}/serve.env"
+LOG_FILE = "/var/log/spark-vllm/serve.log"
+SECRET_ENV = {"apiKey": "VLLM_API_KEY", "hfToken": "HF_TOKEN"}
+
+
+def serve_argv(serve: ServeSpec, cluster: ClusterSpec) -> list[str]:
+    argv = ["vllm", "serve", serve.model_path,
+            "--served-model-name", serve.served_name,
+            "--host", cluster.api_bind,
+            "--port", str(cluster.api_port),
+            "--tensor-parallel-size", str(serve.tensor_parallel),
+            "--pipeline-parallel-size", str(serve.pipeline_parallel),
+            "--distributed-executor-backend", "ray",
+            "--gpu-memory-utilization", f"{serve.gpu_memory_utilization:g}",
+            "--load-format", serve.load_format]
+    if serve.max_model_len is not None:
+        argv += ["--max-model-len", str(serve.max_model_len)]
+    if serve.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(serve.max_num_seqs)]
+    if serve.enforce_eager:
+        argv.append("--enforce-eager")
+    return argv + list(serve.extra_args)
+
+
+def start_script(env: Mapping[str, str]) -> str:
+    """The launcher with the secret env file inlined; the result is a secret whenever any value is."""
+    lines = "\n".join(f"{SECRET_ENV[key]}={shlex.quote(value)}" for key, value in sorted(env.items()))
+    return script("serve_start.sh").replace("@ENV@", lines)
+
+
+def stop_command(container: str) -> str:
+    # Stops the whole process group of this serve only; a container already gone has nothing to stop.
+    inner = (f"p=$(cat {PID_FILE} 2>/dev/null) || exit 0; kill -TERM -- -$p 2>/dev/null; "
+             f"for i in $(seq 60); do kill -0 $p 2>/dev/null || break; sleep 1; done; "
+             f"kill -KILL -- -$p 2>/dev/null; rm -f {PID_FILE} {ENV_FILE}; true")
+    return (f"if docker inspect {shlex.quote(container)} >/dev/null 2>&1; then "
+            f"docker exec {shlex.quote(container)} sh -c {shlex.quote(inner)}; fi")
+
+
+@dataclass
+class VllmServeArgs:
+    cluster: ClusterSpec
+    serve: ServeSpec
+    connection: command.remote.ConnectionArgs  # of the head node
+    head_container: str
+    cluster_ready_id: pulumi.Input[str]  # a new cluster means a new serve
+    secrets: Mapping[str, pulumi.Input[str]]  # keys of SECRET_ENV; values are Pulumi secrets
+
+
+class VllmServe(pulumi.ComponentResource):
+    """One `vllm serve` process. Any change to its spec or secrets, or a new cluster, replaces it."""
+
+    serve_id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: VllmServeArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("spark-vllm:index:VllmServe", name, None, opts)
+        keys = sorted(args.secrets)
+        stdin = pulumi.Output.all(*(args.secrets[k] for k in keys)).apply(
+            lambda values: start_script(dict(zip(keys, values))))
+        create = shlex.join(["docker", "exec", "-i", args.head_container, "sh", "-s", "--",
+                             *serve_argv(args.serve, args.cluster)])
+        process = command.remote.Command(
+            f"{name}-process",
+            connection=args.connection,
+            create=create,
+            delete=stop_command(args.head_container),
+            stdin=stdin,
+            triggers=[args.cluster_ready_id],
+            add_previous_output_in_env=False,
+            # A fixed port and pid file: the old process must be gone before the new one starts.
+            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"], delete_before_replace=True),
+        )
+        self.serve_id = process.id
+        self.register_outputs({"serveId": self.serve_id, "log": LOG_FILE})

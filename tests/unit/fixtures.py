@@ -1,0 +1,50 @@
+"""A catalog for unit tests: a three-node cluster (one node behind a jump host) and two model presets."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nunit-test-key-material\n-----END OPENSSH PRIVATE KEY-----\n"
+
+CLUSTER = {
+    "ssh": {"user": "nvidia", "keyFile": "@KEY@"},
+    "fabricInterface": "enp1s0f1np1",
+    "ray": {"port": 6379, "dashboardPort": 8265, "gpusPerNode": 1},
+    "docker": {"gpus": "all", "rdma": True, "shmSizeMb": 10240},
+    "env": {"NCCL_IB_HCA": "rocep1s0f1"},
+    "hfCache": "/home/nvidia/.cache/huggingface",
+    "nodes": [
+        {"name": "spark1", "role": "head", "ssh": {"host": "10.10.10.11"}, "fabricIp": "192.168.200.1"},
+        {"name": "spark2", "ssh": {"host": "192.168.200.2", "via": "spark1"}, "fabricIp": "192.168.200.2"},
+        {"name": "spark3", "ssh": {"host": "10.10.10.13"}, "fabricIp": "192.168.200.3"},
+    ],
+}
+
+MODELS = {
+    "big": {"image": "vllm:a", "path": "/models/big", "tensorParallel": 3, "maxModelLen": 8192,
+            "gpuMemoryUtilization": 0.85, "enforceEager": True},
+    "small": {"image": "vllm:a", "path": "/models/small", "tensorParallel": 1},
+}
+
+
+def write_catalog(folder: Path, clusters: dict | None = None, models: dict | None = None) -> Path:
+    """Writes clusters.yaml and models.yaml (with the key file) into `folder` and returns it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    key = folder / "id_test"
+    key.write_text(KEY)
+    clusters = copy.deepcopy(clusters if clusters is not None else {"c3": CLUSTER})
+    for cluster in clusters.values():
+        if isinstance(cluster, dict) and cluster.get("ssh", {}).get("keyFile") == "@KEY@":
+            cluster["ssh"]["keyFile"] = str(key)
+    (folder / "clusters.yaml").write_text(yaml.safe_dump(clusters))
+    (folder / "models.yaml").write_text(yaml.safe_dump(models if models is not None else MODELS))
+    return folder
+
+
+def stack_config(catalog: Path, **extra) -> dict:
+    config = {"spark-vllm:catalog": str(catalog), "spark-vllm:cluster": "c3", "spark-vllm:model": "big"}
+    config.update({f"spark-vllm:{k}": v for k, v in extra.items()})
+    return config

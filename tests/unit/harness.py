@@ -1,0 +1,119 @@
+"""Runs __main__.py under Pulumi's mocks and records every registration with its resource options.
+
+The mocks give each resource an id derived from its inputs, so a resource whose inputs change gets a new id,
+as a replacement does in the engine, and the change flows on to everything fed by that id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+from google.protobuf import json_format
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime.rpc import _special_secret_sig as SECRET_SIG, _special_sig_key as SIG_KEY
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+ROOT = Path(__file__).resolve().parents[2]
+# pulumi-docker updates these Container fields in place; every other input forces a replacement.
+CONTAINER_IN_PLACE = {"restart", "maxRetryCount", "cpuShares", "cpuSet", "memory", "memoryReservation", "memorySwap"}
+
+
+@dataclass
+class Registration:
+    urn: str
+    type: str
+    name: str
+    id: str
+    inputs: dict  # the request's property struct as JSON, secrets still wrapped
+    provider: str
+    dependencies: list[str]
+    delete_before_replace: bool
+    replace_on_changes: list[str]
+    parent: str
+
+    def replace_key(self) -> str:
+        """What the engine compares to decide on a replacement (the model this test suite checks)."""
+        if self.type == "docker:index/container:Container":
+            watched = {k: v for k, v in self.inputs.items() if k not in CONTAINER_IN_PLACE}
+        elif self.type.startswith("pulumi:providers:") or "*" in self.replace_on_changes:
+            watched = self.inputs
+        else:
+            watched = {k: v for k, v in self.inputs.items() if k in self.replace_on_changes or k == "name"}
+        return _digest([watched, self.provider])
+
+
+@dataclass
+class Recording:
+    resources: dict[str, Registration] = field(default_factory=dict)
+
+    def by_name(self, name: str) -> Registration:
+        matches = [r for r in self.resources.values() if r.name == name]
+        assert len(matches) == 1, f"{len(matches)} resources named {name}: {sorted(self.resources)}"
+        return matches[0]
+
+    def names(self, type_: str | None = None) -> set[str]:
+        return {r.name for r in self.resources.values() if type_ is None or r.type == type_}
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class _Mocks(pulumi.runtime.Mocks):
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        state = dict(args.inputs)
+        rid = _digest([args.typ, args.name, args.inputs, args.provider])
+        if args.typ == "docker:index/remoteImage:RemoteImage":
+            state["imageId"] = "sha256:" + _digest(args.inputs["name"])
+        return rid, state
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        return {}
+
+
+class _RecordingMonitor(pulumi_mocks.MockMonitor):
+    def __init__(self, recording: Recording):
+        super().__init__(_Mocks())
+        self.recording = recording
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            self.recording.resources[response.urn] = Registration(
+                urn=response.urn, type=request.type, name=request.name, id=response.id,
+                inputs=json_format.MessageToDict(request.object), provider=request.provider,
+                dependencies=list(request.dependencies), delete_before_replace=request.deleteBeforeReplace,
+                replace_on_changes=list(request.replaceOnChanges), parent=request.parent)
+        return response
+
+
+def run_program(config: dict[str, Any], secret_keys: tuple[str, ...] = (), stack: str = "test") -> Recording:
+    """Runs the real __main__.py with `config` ({"spark-vllm:key": value}) and returns what it registered."""
+    recording = Recording()
+    pulumi.runtime.set_mocks(_Mocks(), project="spark-vllm", stack=stack, preview=False,
+                             monitor=_RecordingMonitor(recording))
+    pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()},
+                                  list(secret_keys))
+    pulumi.runtime.settings.SETTINGS.rpc_manager.clear()
+    pulumi.runtime.settings.SETTINGS.outputs.clear()
+    _sync_await(run_pulumi_func(lambda: runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")))
+    return recording
+
+
+def plain_strings(value: Any) -> list[str]:
+    """Every string in a property struct that is not inside a secret."""
+    if isinstance(value, dict):
+        if value.get(SIG_KEY) == SECRET_SIG:
+            return []
+        return [s for v in value.values() for s in plain_strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in plain_strings(v)]
+    return [value] if isinstance(value, str) else []
+

@@ -1,0 +1,208 @@
+"""Config validation: every bad input gives one plain sentence naming the file, key path, value and what is accepted."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+
+from components import config
+from components.schema import ConfigError
+from fixtures import CLUSTER, MODELS, stack_config, write_catalog
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(tmp_path, stack=None, clusters=None, models=None, secret_keys=()):
+    catalog = write_catalog(tmp_path / "catalog", clusters, models)
+    cfg = stack_config(catalog) if stack is None else stack(stack_config(catalog))
+    return config.load("test", cfg, set(secret_keys), ROOT)
+
+
+def cluster_with(change):
+    c = copy.deepcopy(CLUSTER)
+    change(c)
+    return {"c3": c}
+
+
+def models_with(change):
+    m = copy.deepcopy(MODELS)
+    change(m)
+    return m
+
+
+def stack_with(**kv):
+    return lambda cfg: {**cfg, **{f"spark-vllm:{k}": v for k, v in kv.items()}}
+
+
+def without(key):
+    return lambda cfg: {k: v for k, v in cfg.items() if k != f"spark-vllm:{key}"}
+
+
+CLUSTERS = "clusters.yaml"
+MODELS_FILE = "models.yaml"
+STACK = "Pulumi.test.yaml"
+
+# (id, kwargs for load(), file, key path, value as shown, a piece of what is accepted)
+BAD = [
+    ("unknown stack key", dict(stack=stack_with(modle="big")), STACK, "spark-vllm:modle", "'big'",
+     "one of the known keys"),
+    ("missing model", dict(stack=without("model")), STACK, "spark-vllm:model", "is missing", "a non-empty string"),
+    ("unknown cluster", dict(stack=stack_with(cluster="nope")), STACK, "spark-vllm:cluster", "'nope'",
+     "a cluster defined in"),
+    ("unknown model preset", dict(stack=stack_with(model="gpt-9")), STACK, "spark-vllm:model", "'gpt-9'",
+     "a model defined in"),
+    ("malformed fabric IP", dict(clusters=cluster_with(lambda c: c["nodes"][1].update(fabricIp="192.168.200.300"))),
+     CLUSTERS, "c3.nodes[1].fabricIp", "'192.168.200.300'", "an IPv4 address"),
+    ("fabric IP of wrong type", dict(clusters=cluster_with(lambda c: c["nodes"][0].update(fabricIp=12))),
+     CLUSTERS, "c3.nodes[0].fabricIp", "12", "an IPv4 address"),
+    ("malformed ssh host", dict(clusters=cluster_with(lambda c: c["nodes"][2]["ssh"].update(host="10.0.0.999"))),
+     CLUSTERS, "c3.nodes[2].ssh.host", "'10.0.0.999'", "an IPv4 address or a host name"),
+    ("ssh port out of range", dict(clusters=cluster_with(lambda c: c["nodes"][0]["ssh"].update(port=70000))),
+     CLUSTERS, "c3.nodes[0].ssh.port", "70000", "a whole number from 1 to 65535"),
+    ("ray port zero", dict(clusters=cluster_with(lambda c: c["ray"].update(port=0))),
+     CLUSTERS, "c3.ray.port", "0", "from 1 to 65535"),
+    ("duplicate fabric IP", dict(clusters=cluster_with(lambda c: c["nodes"][2].update(fabricIp="192.168.200.2"))),
+     CLUSTERS, "c3.nodes[2].fabricIp", "repeats the fabric IP of nodes[1]", "a fabric IP used by no other node"),
+    ("duplicate node name", dict(clusters=cluster_with(lambda c: c["nodes"][2].update(name="spark2"))),
+     CLUSTERS, "c3.nodes[2].name", "repeats the name of nodes[1]", "a name used by no other node"),
+    ("no head", dict(clusters=cluster_with(lambda c: c["nodes"][0].pop("role"))),
+     CLUSTERS, "c3.nodes", "has 0 head nodes", "exactly one node with `role: head`"),
+    ("two heads", dict(clusters=cluster_with(lambda c: c["nodes"][2].update(role="head"))),
+     CLUSTERS, "c3.nodes", "has 2 head nodes (spark1, spark3)", "exactly one node"),
+    ("unknown role", dict(clusters=cluster_with(lambda c: c["nodes"][1].update(role="leader"))),
+     CLUSTERS, "c3.nodes[1].role", "'leader'", "one of 'head', 'worker'"),
+    ("empty node list", dict(clusters=cluster_with(lambda c: c.update(nodes=[]))),
+     CLUSTERS, "c3.nodes", "[]", "a non-empty list of mappings"),
+    ("node is not a mapping", dict(clusters=cluster_with(lambda c: c["nodes"].append("spark4"))),
+     CLUSTERS, "c3.nodes[3]", "'spark4'", "a mapping of keys to values"),
+    ("bad node name", dict(clusters=cluster_with(lambda c: c["nodes"][1].update(name="Spark_2"))),
+     CLUSTERS, "c3.nodes[1].name", "'Spark_2'", "lower-case letters, digits and dashes"),
+    ("TP x PP differs from the GPUs", dict(stack=stack_with(serve={"tensorParallel": 2})), STACK,
+     "spark-vllm:serve.tensorParallel x pipelineParallel", "is 2 x 1 = 2", "3 (the GPUs in cluster 'c3'"),
+    ("TP x PP too many", dict(stack=stack_with(serve={"pipelineParallel": 2})), STACK,
+     "spark-vllm:serve.tensorParallel x pipelineParallel", "is 3 x 2 = 6", "3 (the GPUs"),
+    ("gpu utilization above 1", dict(stack=stack_with(serve={"gpuMemoryUtilization": 1.2})), STACK,
+     "spark-vllm:serve.gpuMemoryUtilization", "1.2", "a number in (0, 1]"),
+    ("gpu utilization zero", dict(models=models_with(lambda m: m["big"].update(gpuMemoryUtilization=0))),
+     MODELS_FILE, "big.gpuMemoryUtilization", "0", "a number in (0, 1]"),
+    ("gpu utilization negative", dict(stack=stack_with(serve={"gpuMemoryUtilization": -0.5})), STACK,
+     "spark-vllm:serve.gpuMemoryUtilization", "-0.5", "a number in (0, 1]"),
+    ("api key in plain text", dict(stack=stack_with(apiKey="hunter2")), STACK, "spark-vllm:apiKey",
+     "is stored in plain text", "pulumi config set --secret spark-vllm:apiKey"),
+    ("hf token in plain text", dict(stack=stack_with(hfToken="hf_x")), STACK, "spark-vllm:hfToken",
+     "is stored in plain text", "a secret"),
+    ("typo in a cluster key", dict(clusters=cluster_with(lambda c: c.update(fabricInterfce="eth1"))),
+     CLUSTERS, "c3.fabricInterfce", "is not a known key", "one of the known keys"),
+    ("unknown serve override", dict(stack=stack_with(serve={"maxModelLength": 4096})), STACK,
+     "spark-vllm:serve.maxModelLength", "is not a known key", "maxModelLen"),
+    ("max model len of wrong type", dict(stack=stack_with(serve={"maxModelLen": "long"})), STACK,
+     "spark-vllm:serve.maxModelLen", "'long'", "a whole number"),
+    ("shm size zero", dict(clusters=cluster_with(lambda c: c["docker"].update(shmSizeMb=0))),
+     CLUSTERS, "c3.docker.shmSizeMb", "0", "a whole number from 64"),
+    ("shm size negative", dict(clusters=cluster_with(lambda c: c["docker"].update(shmSizeMb=-1))),
+     CLUSTERS, "c3.docker.shmSizeMb", "-1", "a whole number from 64"),
+    ("gpus per node zero", dict(clusters=cluster_with(lambda c: c["ray"].update(gpusPerNode=0))),
+     CLUSTERS, "c3.ray.gpusPerNode", "0", "a whole number from 1 to 16"),
+    ("enforce eager not a bool", dict(stack=stack_with(serve={"enforceEager": "yes"})), STACK,
+     "spark-vllm:serve.enforceEager", "'yes'", "true or false"),
+    ("unknown load format", dict(models=models_with(lambda m: m["big"].update(loadFormat="turbo"))),
+     MODELS_FILE, "big.loadFormat", "'turbo'", "'fastsafetensors'"),
+    ("extra args not a list", dict(stack=stack_with(serve={"extraArgs": "--foo"})), STACK,
+     "spark-vllm:serve.extraArgs", "'--foo'", "a list of strings"),
+    ("relative model path", dict(models=models_with(lambda m: m["big"].update(path="models/big"))),
+     MODELS_FILE, "big.path", "'models/big'", "an absolute path"),
+    ("model without image", dict(models=models_with(lambda m: m["big"].pop("image"))),
+     MODELS_FILE, "big.image", "is missing", "a non-empty string"),
+    ("jump host names itself", dict(clusters=cluster_with(lambda c: c["nodes"][1]["ssh"].update(via="spark2"))),
+     CLUSTERS, "c3.nodes[1].ssh.via", "names the node itself", "another node that is reached directly"),
+    ("jump host unknown", dict(clusters=cluster_with(lambda c: c["nodes"][1]["ssh"].update(via="spark9"))),
+     CLUSTERS, "c3.nodes[1].ssh.via", "'spark9'", "another node that is reached directly: spark1, spark3"),
+    ("jump through a jumped node", dict(clusters=cluster_with(lambda c: c["nodes"][2]["ssh"].update(via="spark2"))),
+     CLUSTERS, "c3.nodes[2].ssh.via", "'spark2'", "reached directly"),
+    ("api port clashes with ray", dict(clusters=cluster_with(lambda c: c.update(api={"port": 6379}))),
+     CLUSTERS, "c3.api.port", "is 6379, which Ray also uses", "a port not used by Ray"),
+    ("dashboard port clashes with ray", dict(clusters=cluster_with(lambda c: c["ray"].update(dashboardPort=6379))),
+     CLUSTERS, "c3.ray.dashboardPort", "is 6379, which Ray also uses", "a port not used by Ray"),
+    ("api port clashes with dashboard", dict(clusters=cluster_with(lambda c: c.update(api={"port": 8265}))),
+     CLUSTERS, "c3.api.port", "is 8265, which Ray also uses", "a port not used by Ray"),
+    ("extra env overrides pinning", dict(clusters=cluster_with(lambda c: c["env"].update(VLLM_HOST_IP="10.0.0.1"))),
+     CLUSTERS, "c3.env.VLLM_HOST_IP", "overrides a pinned variable", "pins it to each node's fabric address"),
+    ("node env overrides pinning", dict(clusters=cluster_with(lambda c: c["nodes"][1].update(
+        env={"NCCL_SOCKET_IFNAME": "enP7s7"}))),
+     CLUSTERS, "c3.nodes[1].env.NCCL_SOCKET_IFNAME", "overrides a pinned variable", "pins it"),
+    ("env value not a string", dict(clusters=cluster_with(lambda c: c["env"].update(NCCL_IB_DISABLE=0))),
+     CLUSTERS, "c3.env.NCCL_IB_DISABLE", "is 0", 'a string (quote numbers and booleans: "0")'),
+    ("unknown host key policy", dict(clusters=cluster_with(lambda c: c["ssh"].update(strictHostKeyChecking="maybe"))),
+     CLUSTERS, "c3.ssh.strictHostKeyChecking", "'maybe'", "'accept-new'"),
+    ("unreadable key file", dict(clusters=cluster_with(lambda c: c["ssh"].update(keyFile="/nonexistent/id"))),
+     CLUSTERS, "c3.ssh.keyFile", "cannot be read (No such file or directory)", "a readable SSH private key"),
+    ("catalog folder missing", dict(stack=stack_with(catalog="/nonexistent")), STACK, "spark-vllm:catalog",
+     "cannot be read", "a folder holding clusters.yaml"),
+    ("timeout negative", dict(stack=stack_with(timeouts={"serveReadySeconds": -5})), STACK,
+     "spark-vllm:timeouts.serveReadySeconds", "-5", "a whole number from 30"),
+    ("serve overrides not a mapping", dict(stack=stack_with(serve=["maxModelLen", 4])), STACK,
+     "spark-vllm:serve", "['maxModelLen', 4]", "a mapping of keys to values"),
+    ("cluster entry not a mapping", dict(clusters={"c3": "spark1,spark2"}), CLUSTERS, "c3",
+     "'spark1,spark2'", "a mapping of keys to values"),
+]
+
+
+@pytest.mark.parametrize("kwargs,file,path,shown,accepted", [case[1:] for case in BAD], ids=[c[0] for c in BAD])
+def test_bad_config_is_one_plain_sentence(tmp_path, kwargs, file, path, shown, accepted):
+    secret_keys = kwargs.pop("secret_keys", ())
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, secret_keys=secret_keys, **kwargs)
+    message = str(err.value)
+    assert message.split(": ", 1)[0].endswith(file), message
+    assert f": {path} " in message, message
+    assert shown in message, message
+    assert f"expected {accepted}" in message or accepted in message.split("; expected ", 1)[1], message
+    assert "\n" not in message and "Traceback" not in message
+
+
+@pytest.mark.parametrize("file,broken", [("clusters.yaml", "c3:\n  nodes: [\n"), ("models.yaml", "big: {image: a\n")])
+def test_yaml_syntax_errors_name_file_and_line(tmp_path, file, broken):
+    catalog = write_catalog(tmp_path / "catalog")
+    (catalog / file).write_text(broken)
+    with pytest.raises(ConfigError) as err:
+        config.load("test", stack_config(catalog), set(), ROOT)
+    message = str(err.value)
+    assert message.startswith(f"{catalog}/{file}: line "), message
+    assert "is not valid YAML" in message and "expected valid YAML" in message
+
+
+def test_secrets_given_as_secrets_are_accepted(tmp_path):
+    d = load(tmp_path, stack=stack_with(apiKey="k", hfToken="t"),
+             secret_keys=("spark-vllm:apiKey", "spark-vllm:hfToken"))
+    assert d.secrets == ("apiKey", "hfToken")
+
+
+def test_valid_config_resolves_defaults_and_overrides(tmp_path):
+    d = load(tmp_path, stack=stack_with(serve={"maxModelLen": 4096, "extraArgs": ["--max-num-batched-tokens", "8192"]}))
+    assert d.cluster.head.name == "spark1"
+    assert [n.name for n in d.cluster.workers] == ["spark2", "spark3"]
+    assert d.cluster.node("spark2").via == "spark1"
+    assert d.serve.max_model_len == 4096 and d.serve.tensor_parallel == 3
+    assert d.serve.extra_args == ("--max-num-batched-tokens", "8192")
+    assert d.serve.served_name == "big" and d.serve.load_format == "auto"
+    assert d.cluster.endpoint_host == "10.10.10.11"
+    assert d.ssh_private_key.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert d.serve_ready_timeout_s >= 30 * 60
+
+
+@pytest.mark.parametrize("stack", ["spark", "gpt-oss", "qwen3-30b", "lab", "lab3"])
+def test_shipped_stacks_validate(stack, monkeypatch, tmp_path):
+    import yaml
+
+    # Shipped clusters name key files under ~; give them one so only the config itself is judged.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for key in ("~/.ssh/id_ed25519", "~/.cache/spark-vllm/lab/id_ed25519"):
+        path = Path(os.path.expanduser(key))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("key")
+    values = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+    d = config.load(stack, values, set(), ROOT)
+    assert d.serve.tensor_parallel * d.serve.pipeline_parallel == d.cluster.total_gpus

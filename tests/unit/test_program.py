@@ -1,0 +1,155 @@
+"""The program under Pulumi's mocks: its graph, the inputs it pins, the options it sets, and its secrets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fixtures import KEY, stack_config, write_catalog
+from harness import plain_strings, run_program
+
+API_KEY = "sk-unit-test-api-key-123"
+HF_TOKEN = "hf_unit_test_token_456"
+CONTAINER = "docker:index/container:Container"
+COMMAND = "command:remote:Command"
+
+
+@pytest.fixture
+def rec(tmp_path):
+    catalog = write_catalog(tmp_path / "catalog")
+    return run_program(stack_config(catalog, apiKey=API_KEY, hfToken=HF_TOKEN),
+                       secret_keys=("spark-vllm:apiKey", "spark-vllm:hfToken"))
+
+
+def env_of(reg) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in reg.inputs["envs"])
+
+
+def test_one_provider_image_and_container_per_node(rec):
+    assert rec.names("pulumi:providers:docker") == {"spark1-docker", "spark2-docker", "spark3-docker"}
+    assert rec.names(CONTAINER) == {"ray-head-container", "ray-worker-spark2-container", "ray-worker-spark3-container"}
+    assert rec.names(COMMAND) == {"cluster-ready-gate", "vllm-serve-process", "serve-ready-gate"}
+    for node in ("spark1", "spark2", "spark3"):
+        provider = rec.by_name(f"{node}-docker")
+        assert rec.by_name(f"{node}-image").provider.startswith(provider.urn)
+    assert rec.by_name("ray-worker-spark2-container").provider.startswith(rec.by_name("spark2-docker").urn)
+
+
+def test_children_are_parented_to_their_components(rec):
+    assert rec.by_name("spark2-docker").parent == rec.by_name("spark2").urn
+    assert rec.by_name("ray-head-container").parent == rec.by_name("ray-head").urn
+    assert rec.by_name("vllm-serve-process").parent == rec.by_name("vllm-serve").urn
+    assert rec.by_name("serve-ready-gate").parent == rec.by_name("serve-ready").urn
+
+
+def test_graph_orders_head_workers_gate_serve_ready(rec):
+    head = rec.by_name("ray-head-container")
+    gate = rec.by_name("cluster-ready-gate")
+    serve = rec.by_name("vllm-serve-process")
+    ready = rec.by_name("serve-ready-gate")
+    for worker in ("ray-worker-spark2-container", "ray-worker-spark3-container"):
+        w = rec.by_name(worker)
+        assert head.urn in w.dependencies
+        # The head's identity is a replace-triggering input of the worker, not only a dependency.
+        assert {"label": "spark-vllm.head-id", "value": head.id} in w.inputs["labels"]
+        assert w.urn in gate.dependencies
+    assert head.urn in gate.dependencies
+    assert gate.inputs["triggers"] == [head.id, rec.by_name("ray-worker-spark2-container").id,
+                                       rec.by_name("ray-worker-spark3-container").id]
+    assert gate.urn in serve.dependencies and serve.inputs["triggers"] == [gate.id]
+    assert serve.urn in ready.dependencies and ready.inputs["triggers"] == [serve.id]
+
+
+def test_containers_are_pinned_to_the_fabric(rec):
+    for name, ip in (("ray-head-container", "192.168.200.1"), ("ray-worker-spark2-container", "192.168.200.2"),
+                     ("ray-worker-spark3-container", "192.168.200.3")):
+        reg = rec.by_name(name)
+        env = env_of(reg)
+        assert env["VLLM_HOST_IP"] == ip
+        for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME",
+                    "OMPI_MCA_btl_tcp_if_include"):
+            assert env[var] == "enp1s0f1np1"
+        assert env["MASTER_ADDR"] == "192.168.200.1"
+        assert env["RAY_memory_monitor_refresh_ms"] == "0"
+        assert env["NCCL_IB_HCA"] == "rocep1s0f1"  # the cluster's extras
+        assert f"--node-ip-address={ip}" in reg.inputs["command"]
+        assert reg.inputs["entrypoints"] == ["ray"] and reg.inputs["command"][0] == "start"
+        assert "--block" in reg.inputs["command"]
+
+
+def test_head_and_worker_ray_flags(rec):
+    head = rec.by_name("ray-head-container").inputs["command"]
+    assert "--head" in head and "--port=6379" in head and "--num-gpus=1" in head
+    # The dashboard listens on the fabric address only, never 0.0.0.0.
+    assert "--dashboard-host=192.168.200.1" in head
+    assert not any("0.0.0.0" in arg for arg in head)
+    worker = rec.by_name("ray-worker-spark2-container").inputs["command"]
+    assert "--address=192.168.200.1:6379" in worker and "--head" not in worker
+
+
+def test_container_runtime_settings(rec):
+    c = rec.by_name("ray-head-container").inputs
+    assert c["networkMode"] == "host" and c["ipcMode"] == "host"
+    assert c["shmSize"] == 10240 and c["gpus"] == "all"
+    assert c["devices"] == [{"hostPath": "/dev/infiniband"}] and c["capabilities"] == {"adds": ["IPC_LOCK"]}
+    assert {(u["name"], u["soft"], u["hard"]) for u in c["ulimits"]} == {
+        ("memlock", -1, -1), ("stack", 67108864, 67108864), ("nofile", 1048576, 1048576)}
+    assert {"target": "/models/big", "source": "/models/big", "type": "bind", "readOnly": True} in c["mounts"]
+    assert {"target": "/root/.cache/huggingface", "source": "/home/nvidia/.cache/huggingface",
+            "type": "bind"} in c["mounts"]
+    assert c["name"] == "spark-vllm-test-ray-head"
+    assert c["image"] == rec.by_name("spark1-image").inputs.get("imageId", c["image"])
+
+
+def test_nodes_behind_a_jump_host_use_it_for_docker_and_commands(rec):
+    direct = rec.by_name("spark1-docker").inputs
+    assert direct["host"] == "ssh://nvidia@10.10.10.11"
+    jumped = rec.by_name("spark2-docker").inputs
+    assert jumped["host"] == "ssh://nvidia@192.168.200.2"
+    opts = json.loads(jumped["sshOpts"]) if isinstance(jumped["sshOpts"], str) else jumped["sshOpts"]
+    proxy = [o for o in opts if o.startswith("ProxyCommand=")]
+    assert proxy and "-W %h:%p" in proxy[0] and "nvidia@10.10.10.11" in proxy[0]
+    assert "IdentitiesOnly=yes" in proxy[0]  # the jump hop gets the same options
+
+
+def test_serve_flags(rec):
+    create = rec.by_name("vllm-serve-process").inputs["create"]
+    for flag in ("vllm serve /models/big", "--served-model-name big", "--tensor-parallel-size 3",
+                 "--pipeline-parallel-size 1", "--distributed-executor-backend ray",
+                 "--gpu-memory-utilization 0.85", "--max-model-len 8192", "--enforce-eager", "--port 8000"):
+        assert flag in create
+    assert create.startswith("docker exec -i spark-vllm-test-ray-head sh -s -- ")
+
+
+def test_options_that_make_replacement_safe(rec):
+    for name in ("ray-head-container", "ray-worker-spark2-container", "vllm-serve-process"):
+        assert rec.by_name(name).delete_before_replace, name  # fixed names and ports
+    for name in ("cluster-ready-gate", "vllm-serve-process", "serve-ready-gate"):
+        assert "*" in rec.by_name(name).replace_on_changes, name
+
+
+def test_serve_delete_stops_only_its_process_group(rec):
+    delete = rec.by_name("vllm-serve-process").inputs["delete"]
+    assert "/run/spark-vllm/serve.pid" in delete and "kill -TERM -- -$p" in delete
+    assert delete.startswith("if docker inspect spark-vllm-test-ray-head")
+
+
+def test_secrets_never_appear_in_plain_inputs(rec):
+    for reg in rec.resources.values():
+        for text in plain_strings(reg.inputs):
+            for secret in (API_KEY, HF_TOKEN, "unit-test-key-material"):
+                assert secret not in text, f"{secret!r} in plain input of {reg.name}"
+    serve = rec.by_name("vllm-serve-process").inputs
+    assert serve["stdin"].get("value") is not None and plain_strings(serve["stdin"]) == []
+    assert API_KEY in serve["stdin"]["value"]  # delivered, inside the secret, to the env file
+    connection = rec.by_name("vllm-serve-process").inputs["connection"]
+    assert plain_strings(connection) == [] and connection["value"]["privateKey"] == KEY
+
+
+def test_gates_are_bounded(rec):
+    gate = rec.by_name("cluster-ready-gate").inputs["create"]
+    assert "--timeout=180" in gate and "--expect=spark2=192.168.200.2" in gate
+    assert "--management=spark1=10.10.10.11" in gate and "--gpus=3" in gate
+    ready = rec.by_name("serve-ready-gate").inputs["create"]
+    assert "--timeout=2400" in ready and "--model=big" in ready and "--url=http://127.0.0.1:8000" in ready

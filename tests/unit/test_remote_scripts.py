@@ -1,0 +1,169 @@
+"""The scripts that run on the nodes, exercised here against local stand-ins (the lab runs them for real)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from components.remote import cluster_ready
+from components.remote.serve_ready import shard_progress
+from components.vllm_serve import start_script
+
+SERVE_READY = Path(cluster_ready.__file__).with_name("serve_ready.py")
+EXPECTED = {"spark1": "192.168.200.1", "spark2": "192.168.200.2"}
+MGMT = {"spark1": "10.10.10.11"}
+
+
+def test_cluster_ready_when_exactly_the_expected_nodes_and_gpus():
+    assert cluster_ready.diagnose([("192.168.200.1", 1), ("192.168.200.2", 1)], EXPECTED, MGMT, 2, "eth9") == (True, [])
+
+
+def test_cluster_ready_names_a_missing_node():
+    ready, problems = cluster_ready.diagnose([("192.168.200.1", 1)], EXPECTED, MGMT, 2, "enp1s0f1np1")
+    assert not ready
+    assert problems == ["spark2 (192.168.200.2) has not joined: check that 192.168.200.2 is spark2's address on "
+                        "enp1s0f1np1 and that its Ray worker container is running"]
+
+
+def test_cluster_ready_names_the_seeds_management_ip_failure():
+    ready, problems = cluster_ready.diagnose([("10.10.10.11", 1), ("192.168.200.2", 1)], EXPECTED, MGMT, 2, "eth9")
+    assert not ready
+    assert any("registered with spark1's management IP 10.10.10.11 instead of its fabric IP 192.168.200.1" in p
+               and "seed's failure" in p and "--node-ip-address=192.168.200.1" in p for p in problems)
+
+
+def test_cluster_ready_names_an_unexpected_node_and_gpu_shortfall():
+    _, problems = cluster_ready.diagnose([("192.168.200.1", 1), ("192.168.200.2", 1), ("192.168.200.9", 1)],
+                                         EXPECTED, MGMT, 2, "eth9")
+    assert any("unexpected Ray node registered with IP 192.168.200.9" in p for p in problems)
+    _, problems = cluster_ready.diagnose([("192.168.200.1", 1), ("192.168.200.2", 0)], EXPECTED, MGMT, 2, "eth9")
+    assert problems == ["Ray sees 1 GPUs, expected 2: check --num-gpus and the GPU runtime"]
+
+
+def test_shard_progress_parses_vllms_tqdm_line():
+    line = "Loading safetensors checkpoint shards:  44% Completed | 17/39 [05:06<06:36, 18.01s/it]"
+    assert shard_progress(line) == (17, 39)
+    assert shard_progress("INFO 12-02 [loader.py:1] Loading weights took 549.60 seconds") is None
+
+
+def test_secret_env_survives_shell_quoting(tmp_path):
+    value = "it's a \"key\" with $dollars and `ticks`"
+    script = start_script({"apiKey": value, "hfToken": "hf_abc"})
+    body = script.split("<<'SPARK_VLLM_ENV'\n", 1)[1].split("\nSPARK_VLLM_ENV\n", 1)[0]
+    env_file = tmp_path / "serve.env"
+    env_file.write_text(body + "\n")
+    out = subprocess.run(["sh", "-c", f'set -a; . {env_file}; printf %s "$VLLM_API_KEY|$HF_TOKEN"'],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == f"{value}|hf_abc"
+
+
+class FakeVllm:
+    """A local HTTP server and log that behave like a loading vLLM, for serve_ready.py to watch."""
+
+    def __init__(self, tmp_path: Path, shards: int, delay: float):
+        self.log = tmp_path / "serve.log"
+        self.log.write_text("")
+        self.env = tmp_path / "serve.env"
+        self.env.write_text("VLLM_API_KEY='k1'\n")
+        self.model = tmp_path / "model"
+        self.model.mkdir()
+        for i in range(shards):
+            (self.model / f"model-{i:05d}.safetensors").write_bytes(b"x" * 1000)
+        self.process = subprocess.Popen(["sleep", "120"])
+        self.pid = tmp_path / "serve.pid"
+        self.pid.write_text(str(self.process.pid))
+        self.loaded = threading.Event()
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                if not fake.loaded.is_set():
+                    self.send_error(503)
+                elif self.path == "/health":
+                    self.send_response(200)
+                    self.end_headers()
+                elif self.headers.get("Authorization") != "Bearer k1":
+                    self.send_error(401)
+                else:
+                    body = json.dumps({"data": [{"id": "tiny"}]}).encode()
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.writer = threading.Thread(target=self._load, args=(shards, delay), daemon=True)
+
+    def _load(self, shards, delay):
+        for k in range(1, shards + 1):
+            time.sleep(delay)
+            with self.log.open("a") as f:
+                f.write(f"Loading safetensors checkpoint shards: {100 * k // shards:3d}% Completed | "
+                        f"{k}/{shards} [00:0{k}<00:00,  1.00it/s]\n")
+        with self.log.open("a") as f:
+            f.write("INFO 12-02 10:00:00 [default_loader.py:1] Loading weights took 1.50 seconds\n")
+        self.loaded.set()
+
+    def wait(self, timeout: float, model: str = "tiny") -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(SERVE_READY), "--node=node1", f"--url={self.url}",
+                               f"--model={model}", f"--model-path={self.model}", f"--log={self.log}",
+                               f"--pid-file={self.pid}", f"--env-file={self.env}", f"--timeout={timeout}",
+                               "--heartbeat=1"], capture_output=True, text=True, timeout=timeout + 30)
+
+    def close(self):
+        self.server.shutdown()
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture
+def fake(tmp_path):
+    f = FakeVllm(tmp_path, shards=3, delay=0.4)
+    yield f
+    f.close()
+
+
+def test_serve_ready_shows_shard_progress_then_succeeds(fake):
+    fake.writer.start()
+    done = fake.wait(timeout=30)
+    assert done.returncode == 0, done.stderr
+    for k in (1, 2, 3):
+        assert f"loading weights {k}/3 shards" in done.stdout
+    assert "GB/s" in done.stdout and "vllm: INFO" in done.stdout
+    assert "ready: tiny served at" in done.stdout
+
+
+def test_serve_ready_reports_a_dead_process_with_the_log_tail(fake):
+    fake.log.write_text("ValueError: Invalid repository ID or local directory specified: '/models/nope'\n")
+    fake.process.kill()
+    fake.process.wait()
+    done = fake.wait(timeout=30)
+    assert done.returncode == 1
+    assert "vllm serve on node1 exited while starting" in done.stderr
+    assert "/models/nope" in done.stderr
+
+
+def test_serve_ready_times_out_naming_a_live_but_unready_process(fake):
+    start = time.monotonic()
+    done = fake.wait(timeout=3)
+    assert done.returncode == 1 and time.monotonic() - start < 15
+    assert f"still running (pid {fake.process.pid}) but not ready after 0m03s" in done.stderr
+    assert "still waiting: starting" in done.stdout
+
+
+def test_serve_ready_waits_for_the_served_model_in_v1_models(fake):
+    fake.writer.start()
+    done = fake.wait(timeout=4, model="other")
+    assert done.returncode == 1
+    assert "/v1/models answered 200 with ['tiny']" in done.stderr

@@ -1,0 +1,81 @@
+"""The restart matrix of the README, checked on a model of the engine: which replace-triggering inputs change.
+
+Each case runs the real program twice under mocks, before and after a config change, and compares every
+resource's replace key (harness.Registration.replace_key). Ids follow inputs, so a replaced head shows up in
+its workers' inputs, as the engine's new id would. The lab suite checks the same matrix on the real engine.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from fixtures import CLUSTER, MODELS, stack_config, write_catalog
+from harness import run_program
+
+SECRET_KEYS = ("spark-vllm:apiKey",)
+SERVE_CHAIN = {"vllm-serve-process", "serve-ready-gate"}
+GATE_AND_SERVE = {"cluster-ready-gate"} | SERVE_CHAIN
+CONTAINERS = {"ray-head-container", "ray-worker-spark2-container", "ray-worker-spark3-container"}
+
+
+def deploy(tmp_path, clusters=None, models=None, **stack):
+    """Runs the program on the catalog as changed; every run uses the same folder, as a stack does."""
+    catalog = write_catalog(tmp_path / "catalog", clusters, models)
+    stack.setdefault("apiKey", "key-one")
+    return {r.urn: r for r in run_program(stack_config(catalog, **stack), SECRET_KEYS).resources.values()}
+
+
+def changes(before, after):
+    """(replaced, created, deleted) resource names, with components (which have no provider inputs) left out."""
+    custom = lambda r: not r.type.startswith("spark-vllm:")  # noqa: E731
+    replaced = {r.name for urn, r in after.items()
+                if urn in before and custom(r) and r.replace_key() != before[urn].replace_key()}
+    created = {r.name for urn, r in after.items() if urn not in before and custom(r)}
+    deleted = {r.name for urn, r in before.items() if urn not in after and custom(r)}
+    return replaced, created, deleted
+
+
+def cluster(change):
+    c = copy.deepcopy(CLUSTER)
+    change(c)
+    return {"c3": c}
+
+
+def models(change):
+    m = copy.deepcopy(MODELS)
+    change(m)
+    return m
+
+
+FOUR_NODES = cluster(lambda c: c["nodes"].append(
+    {"name": "spark4", "ssh": {"host": "192.168.200.4", "via": "spark1"}, "fabricIp": "192.168.200.4"}))
+
+# (id, the change as deploy() kwargs, replaced, created)
+MATRIX = [
+    ("no change", {}, set(), set()),
+    ("max model len", dict(serve={"maxModelLen": 4096}), SERVE_CHAIN, set()),
+    ("gpu memory utilization", dict(serve={"gpuMemoryUtilization": 0.8}), SERVE_CHAIN, set()),
+    ("enforce eager off", dict(serve={"enforceEager": False}), SERVE_CHAIN, set()),
+    ("extra args", dict(serve={"extraArgs": ["--max-num-seqs", "8"]}), SERVE_CHAIN, set()),
+    ("api key", dict(apiKey="key-two"), SERVE_CHAIN, set()),
+    ("one worker's env", dict(clusters=cluster(lambda c: c["nodes"][2].update(env={"NCCL_DEBUG": "INFO"}))),
+     {"ray-worker-spark3-container"} | GATE_AND_SERVE, set()),
+    ("head's env", dict(clusters=cluster(lambda c: c["nodes"][0].update(env={"NCCL_DEBUG": "INFO"}))),
+     CONTAINERS | GATE_AND_SERVE, set()),
+    ("ray port", dict(clusters=cluster(lambda c: c["ray"].update(port=6380))), CONTAINERS | GATE_AND_SERVE, set()),
+    ("cluster-wide env", dict(clusters=cluster(lambda c: c["env"].update(NCCL_DEBUG="INFO"))),
+     CONTAINERS | GATE_AND_SERVE, set()),
+    ("image", dict(models=models(lambda m: m["big"].update(image="vllm:b"))),
+     CONTAINERS | GATE_AND_SERVE | {"spark1-image", "spark2-image", "spark3-image"}, set()),
+    ("a node added", dict(clusters=FOUR_NODES, serve={"tensorParallel": 4}), GATE_AND_SERVE,
+     {"spark4-docker", "spark4-image", "ray-worker-spark4-container"}),
+]
+
+
+@pytest.mark.parametrize("change,replaced,created", [c[1:] for c in MATRIX], ids=[c[0] for c in MATRIX])
+def test_restart_matrix(tmp_path, change, replaced, created):
+    before = deploy(tmp_path)
+    after = deploy(tmp_path, **change)
+    assert changes(before, after) == (replaced, created, set())
