@@ -1,0 +1,54 @@
+# Shared set-up steps for scripts/try-lab and scripts/test. Each step is idempotent and quick when done.
+# shellcheck shell=bash
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${SPARK_VLLM_CACHE:-$HOME/.cache/spark-vllm}
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# Debian packages, installed only when a command is missing.
+ensure_packages() {
+  local missing=() cmd pkg
+  for pair in "$@"; do
+    cmd=${pair%%:*} pkg=${pair#*:}
+    command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}: install them (apt-get install ${missing[*]}) or run as root"
+  say "installing ${missing[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# A running Docker engine: Debian's docker.io, started by hand where no init system manages it.
+ensure_docker() {
+  ensure_packages dockerd:docker.io
+  docker info >/dev/null 2>&1 && return 0
+  say "starting dockerd (log: /var/log/spark-vllm-dockerd.log)"
+  nohup dockerd >/var/log/spark-vllm-dockerd.log 2>&1 &
+  local i
+  for i in $(seq 60); do
+    docker info >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  tail -20 /var/log/spark-vllm-dockerd.log >&2
+  die "dockerd did not answer within 60 s"
+}
+
+# The project's virtualenv (the one Pulumi.yaml names), with the pinned requirements.
+ensure_venv() {
+  local req=${1:-requirements.txt} stamp
+  [ -x "$REPO/.venv/bin/python" ] || python3 -m venv "$REPO/.venv"
+  stamp="$REPO/.venv/.installed-$(cat "$REPO/requirements.txt" "$REPO/$req" | sha256sum | cut -c1-16)"
+  [ -f "$stamp" ] && return 0
+  say "installing $req into .venv"
+  "$REPO/.venv/bin/pip" install -q --disable-pip-version-check -r "$REPO/$req"
+  touch "$stamp"
+}
+
+# The Pulumi engine (CLI, Python language host, command provider), built once from Go modules.
+ensure_pulumi() {
+  local bin
+  bin=$("$REPO/scripts/install-pulumi") || die "could not set up the Pulumi engine (see above)"
+  export PATH="$bin:$PATH" PULUMI_SKIP_UPDATE_CHECK=1
+}
