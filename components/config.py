@@ -54,6 +54,7 @@ class ClusterSpec:
     docker_gpus: Optional[str]  # value for `docker run --gpus`, None to request no GPU devices
     rdma: bool
     shm_size_mb: int
+    ulimits: Mapping[str, int]  # soft = hard; -1 is unlimited
     env: Mapping[str, str]
     hf_cache: str
     api_bind: str
@@ -104,6 +105,8 @@ class Deployment:
     ssh_private_key: Optional[str]  # contents of the key file; the program wraps it as a secret
 
 
+# What RDMA and NCCL need (the anchors' `--ulimit` flags); a host that cannot grant them sets lower ones.
+DEFAULT_ULIMITS = {"memlock": -1, "stack": 67108864, "nofile": 1048576}
 LOAD_FORMATS = ("auto", "safetensors", "fastsafetensors", "runai_streamer", "pt", "dummy")
 
 
@@ -189,6 +192,9 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
     docker_gpus = docker.str("gpus", "all", accepted="'all', 'none', or a docker --gpus value")
     rdma = docker.bool("rdma", True)
     shm_size_mb = docker.int("shmSizeMb", 10240, lo=64, hi=1 << 20)
+    limits = docker.section("ulimits")
+    ulimits = {name: limits.int(name, default, lo=-1, hi=1 << 62) for name, default in DEFAULT_ULIMITS.items()}
+    limits.done()
     docker.done()
     env = c.str_map("env", {})
     for key in env:
@@ -214,7 +220,8 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
     return ClusterSpec(name=name, ssh=ssh_spec, fabric_interface=fabric_interface, ray_port=ray_port,
                        dashboard_port=dashboard_port, gpus_per_node=gpus_per_node,
                        docker_gpus=None if docker_gpus == "none" else docker_gpus, rdma=rdma,
-                       shm_size_mb=shm_size_mb, env=env, hf_cache=hf_cache, api_bind=api_bind, api_port=api_port,
+                       shm_size_mb=shm_size_mb, ulimits=ulimits, env=env, hf_cache=hf_cache, api_bind=api_bind,
+                       api_port=api_port,
                        endpoint_host=endpoint_host or head.ssh_host, nodes=tuple(nodes))
 
 

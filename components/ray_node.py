@@ -95,9 +95,8 @@ class RayNode(pulumi.ComponentResource):
             gpus=cluster.docker_gpus,
             devices=[docker.ContainerDeviceArgs(host_path="/dev/infiniband")] if cluster.rdma else None,
             capabilities=docker.ContainerCapabilitiesArgs(adds=["IPC_LOCK"]) if cluster.rdma else None,
-            ulimits=[docker.ContainerUlimitArgs(name="memlock", soft=-1, hard=-1),
-                     docker.ContainerUlimitArgs(name="stack", soft=67108864, hard=67108864),
-                     docker.ContainerUlimitArgs(name="nofile", soft=1048576, hard=1048576)],
+            ulimits=[docker.ContainerUlimitArgs(name=name, soft=limit, hard=limit)
+                     for name, limit in sorted(cluster.ulimits.items())],
             mounts=mounts,
             restart="no",  # a restarted node leaves this down, and `pulumi up --refresh` rebuilds the chain
             opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True),
