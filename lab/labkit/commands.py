@@ -1,0 +1,134 @@
+"""The three lab commands: up, down, status."""
+import contextlib
+import fcntl
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from . import images, network, nodes, ssh
+from .config import FABRIC_CIDR, INNER_IMAGE, PREFIX, STATE_DIR, nodes as lab_nodes
+from .run import LabError, Phases, log, out, run, wait_until
+
+TOOLS = ["docker", "debootstrap", "unshare", "chroot", "tar", "ip", "ssh", "ssh-keygen"]
+LOCK_TIMEOUT_S = 1800
+
+
+def _parallel(fn, items):
+    with ThreadPoolExecutor(max(1, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+@contextlib.contextmanager
+def _locked():
+    """One lab command at a time on this machine (tests and a developer may race)."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / "lock", "w") as f:
+        def acquired() -> bool:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                return False
+        if not acquired():
+            log("another lab command holds the lock; waiting")
+            wait_until(acquired, timeout=LOCK_TIMEOUT_S, what="the lab lock", interval=2)
+        yield
+
+
+def _preflight() -> None:
+    if os.geteuid() != 0:
+        raise LabError("lab needs root (debootstrap, chroot, host routes)")
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        raise LabError(f"missing tools: {', '.join(missing)}")
+    run(["docker", "info", "-f", "{{.ServerVersion}}"], timeout=30)
+
+
+def up(count: int) -> None:
+    if count < 1:
+        raise LabError("--nodes must be at least 1")
+    phase = Phases()
+    wanted = lab_nodes(count)
+    with _locked():
+        with phase("preflight"):
+            _preflight()
+            pubkey = ssh.ensure_key()
+        with phase("node image"):
+            node_image = images.ensure_node_image()
+        with phase("inner image"):
+            inner_id = images.ensure_inner_image()
+        with phase("networks + host route"):
+            network.ensure_networks()
+            network.ensure_route()
+        with phase("node containers"):
+            nodes.log_capped_ulimits()
+            for extra in [n for n in nodes.existing_nodes() if n.index > count]:
+                nodes.remove_node(extra)
+            for n in wanted:
+                log(f"{n.name}: {nodes.ensure_node(n, node_image, pubkey)}")
+            _parallel(nodes.wait_ready, wanted)
+        with phase("ssh"):
+            ssh.write_known_hosts(dict(zip(wanted, _parallel(nodes.host_key, wanted))))
+            ssh.write_config(wanted)
+            _parallel(lambda n: run(ssh.ssh(n, "true"), timeout=30), wanted)
+        with phase("inner image into nodes"):
+            images.load_into_nodes(inner_id, wanted)
+    phase.summary("lab up")
+    print(f"\nssh: ssh -F {ssh.SSH_CONFIG} {PREFIX}-node1   (node2..N via node1 as jump host)")
+    status()
+
+
+def _host_objects() -> dict[str, list[str]]:
+    def names(kind: str) -> list[str]:
+        listing = out(["docker", kind, "ls", "-a", "--format", "{{.Names}}"] if kind == "container"
+                      else ["docker", kind, "ls", "--format", "{{.Name}}"])
+        return [n for n in listing.split() if n.startswith(f"{PREFIX}-")]
+    return {kind: names(kind) for kind in ("container", "network", "volume")}
+
+
+def down() -> None:
+    phase = Phases()
+    with _locked():
+        objects = _host_objects()
+        with phase("containers"):
+            if objects["container"]:
+                run(["docker", "rm", "-f", *objects["container"]], timeout=180)
+        with phase("networks"):
+            for name in objects["network"]:
+                run(["docker", "network", "rm", name], timeout=60)
+        with phase("volumes"):
+            if objects["volume"]:
+                run(["docker", "volume", "rm", *objects["volume"]], timeout=300)
+        with phase("host route + ssh files"):
+            route = network.remove_route()
+            ssh.remove_generated()
+    removed = [f"{len(v)} {k}(s)" for k, v in objects.items() if v] + ([f"route {FABRIC_CIDR}"] if route else [])
+    log("removed " + (", ".join(removed) if removed else "nothing (lab was already down)"))
+    phase.summary("lab down")
+
+
+def status() -> bool:
+    """Print the node table; True when every node answers ssh and has the host's inner image."""
+    existing = nodes.existing_nodes()
+    if not existing:
+        print("lab is down: no svl-lab node containers")
+        return False
+    want = images.image_id(INNER_IMAGE)
+
+    def row(n):
+        f = nodes.facts(n)
+        sshd = ssh.SSH_CONFIG.exists() and run(ssh.ssh(n, "true"), check=False, timeout=30).returncode == 0
+        return [n.name, f["mgmt"], f["fabric"], "ok" if sshd else "FAIL", f["dockerd"], f["inner"],
+                nodes.memory(n)]
+
+    t0 = time.monotonic()
+    rows = _parallel(row, existing)
+    head = ["node", "mgmt IP", "fabric IP", "sshd", "dockerd", "inner image", "mem"]
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+    for r in [head] + rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    route = "unreachable" if network.fabric_route_present() else "MISSING"
+    print(f"host route {FABRIC_CIDR}: {route}; host image {INNER_IMAGE}: {want[7:19] if want else 'missing'}"
+          f"  ({time.monotonic() - t0:.1f}s)")
+    return route != "MISSING" and all(r[3] == "ok" and want and r[5] == want[7:19] for r in rows)

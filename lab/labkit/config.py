@@ -1,0 +1,59 @@
+"""Names, addresses and paths of the lab, as fixed by docs/interfaces (notes/interfaces.md)."""
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+LAB_SRC = Path(__file__).resolve().parent.parent          # the lab/ folder
+STATE_DIR = Path(os.environ.get("SPARK_VLLM_LAB_DIR") or Path.home() / ".cache/spark-vllm/lab")
+CACHE_DIR = STATE_DIR / "cache"                            # rootfs tarballs, .debs, pip cache
+SSH_KEY = STATE_DIR / "id_ed25519"
+KNOWN_HOSTS = STATE_DIR / "known_hosts"
+SSH_CONFIG = STATE_DIR / "ssh_config"
+
+PREFIX = "svl-lab"                                         # every host docker object starts with it
+LABEL = "svl-lab"                                          # label key on every host docker object
+SPEC_LABEL = "svl-lab.spec"                                # hash of the settings an object was made with
+
+MGMT_NET = f"{PREFIX}-mgmt"
+MGMT_CIDR = "172.29.87.0/24"
+MGMT_GATEWAY = "172.29.87.1"                               # the host ("workstation") on the mgmt LAN
+FABRIC_NET = f"{PREFIX}-fabric"
+FABRIC_CIDR = "10.87.200.0/24"
+FABRIC_GATEWAY = "10.87.200.1"                             # reserved by docker, never assigned (inhibit_ipv4)
+FABRIC_MTU = 9000                                          # as the Spark's ConnectX-7 halves
+
+FABRIC_IFNAME = "enp1s0f1np1"
+MGMT_IFNAME = "enP7s7"
+
+NODE_IMAGE_REPO = f"{PREFIX}/node"
+INNER_IMAGE = "spark-vllm-lab/ray-vllm:2.60.0-double1"
+RAY_VERSION = "2.60.0"
+VLLM_DOUBLE_DIR = LAB_SRC / "vllm_double"
+
+DEBIAN_SUITE = "bookworm"
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int                                              # 1-based, as in interfaces.md
+
+    @property
+    def name(self) -> str:
+        return f"{PREFIX}-node{self.index}"
+
+    @property
+    def volume(self) -> str:
+        return f"{PREFIX}-node{self.index}-docker"
+
+    @property
+    def fabric_ip(self) -> str:
+        return f"10.87.200.{10 + self.index}"
+
+    @property
+    def mgmt_ip(self) -> str | None:
+        return "172.29.87.11" if self.index == 1 else None  # only node1 is on the mgmt LAN
+
+
+def nodes(count: int) -> list[Node]:
+    return [Node(i) for i in range(1, count + 1)]

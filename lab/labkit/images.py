@@ -1,0 +1,155 @@
+"""The lab's two images: the node image (an emulated Spark) and the inner Ray + vLLM-double image.
+
+Both start from a cached debootstrap tarball (the inner one from a second cached tarball that adds the
+Ray venv), and are reused while the hash of their inputs (the "stamp") is unchanged: the node image by
+tag, the inner image (whose tag is fixed by interfaces.md) by a label.
+"""
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from . import model
+from .config import (CACHE_DIR, HOST_CA_BUNDLE, INNER_IMAGE, LAB_SRC, NODE_IMAGE_REPO, RAY_VERSION,
+                     SPEC_LABEL, VLLM_DOUBLE_DIR, Node)
+from .rootfs import base_tarball, chroot_sh, docker_import, hash_inputs, pack, unpacked
+from .run import LabError, log, out, run
+
+NODE_PACKAGES = ["openssh-server", "docker.io", "python3", "iproute2", "procps", "ca-certificates", "rsync",
+                 "curl", "iputils-ping"]
+INNER_PACKAGES = ["python3", "python3-venv", "curl", "procps", "iproute2", "ca-certificates"]
+# Bookworm's venv setuptools cannot build wheels on its own; this one lets the double install offline.
+SETUPTOOLS_VERSION = "84.2.1"
+NODE_FILES = LAB_SRC / "node"
+BUILDERS = [Path(__file__), LAB_SRC / "labkit/rootfs.py"]
+STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def image_id(ref: str, where: list[str] = ()) -> str | None:
+    proc = run([*where, "docker", "image", "inspect", "-f", "{{.Id}}", ref], check=False, timeout=60)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def ensure_node_image() -> str:
+    stamp = hash_inputs(json.dumps(NODE_PACKAGES), NODE_FILES, LAB_SRC / "labkit/model.py", *BUILDERS)
+    tag = f"{NODE_IMAGE_REPO}:{stamp}"
+    if image_id(tag):
+        log(f"node image up to date: {tag}")
+        return tag
+    base = base_tarball(NODE_PACKAGES)
+    with unpacked(base, "node-rootfs") as root:
+        shutil.copy(NODE_FILES / "svl-node-init", root / "usr/local/sbin/svl-node-init")
+        shutil.copy(NODE_FILES / "sshd_config", root / "etc/ssh/sshd_config.d/svl-lab.conf")
+        (root / "etc/docker").mkdir(exist_ok=True)
+        shutil.copy(NODE_FILES / "daemon.json", root / "etc/docker/daemon.json")
+        (root / "root/.cache/huggingface").mkdir(parents=True)
+        model.write_models(root / "models")
+        docker_import(root, tag, [
+            'ENTRYPOINT ["/usr/local/sbin/svl-node-init"]',
+            f"ENV PATH={STD_PATH}",
+            f"LABEL {SPEC_LABEL}={stamp}",
+        ])
+    for old in out(["docker", "images", NODE_IMAGE_REPO, "--format", "{{.Tag}}"]).split():
+        if old != stamp:  # superseded builds; one still used by a container stays
+            run(["docker", "rmi", f"{NODE_IMAGE_REPO}:{old}"], check=False)
+    log(f"built {tag}")
+    return tag
+
+
+def _ray_rootfs() -> Path:
+    """Debian + a venv with ray[default] from PyPI, cached as a tarball (the slow, rarely changing part)."""
+    key = hash_inputs(json.dumps(INNER_PACKAGES), RAY_VERSION, SETUPTOOLS_VERSION, *BUILDERS)
+    tarball = CACHE_DIR / f"ray-rootfs-{key}.tar"
+    if tarball.exists():
+        log(f"ray rootfs cache hit: {tarball.name}")
+        return tarball
+    logfile = CACHE_DIR / "ray-rootfs-build.log"
+    with unpacked(base_tarball(INNER_PACKAGES), "ray-rootfs") as root:
+        log(f"pip install ray[default]=={RAY_VERSION} in a chroot (log: {logfile})")
+        chroot_sh(root, f"""
+            python3 -m venv /opt/venv
+            /opt/venv/bin/pip install --no-input --progress-bar off "ray[default]=={RAY_VERSION}" \
+                "setuptools=={SETUPTOOLS_VERSION}"
+            """,
+            # The CA bundle of the host's TLS-intercepting proxy exists only while pip runs.
+            binds={HOST_CA_BUNDLE: "/run/svl-build/ca.crt"},
+            env={"PIP_CERT": "/run/svl-build/ca.crt", "PIP_NO_CACHE_DIR": "1",
+                 "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_DEFAULT_TIMEOUT": "180"},
+            timeout=1800, logfile=logfile)
+        shutil.rmtree(root / "run/svl-build")
+        pack(root, tarball)
+    for old in CACHE_DIR.glob("ray-rootfs-*.tar"):
+        if old != tarball:
+            old.unlink()
+    return tarball
+
+
+def ensure_inner_image() -> str:
+    """Build spark-vllm-lab/ray-vllm on the host unless its label already carries the current stamp."""
+    if not any((VLLM_DOUBLE_DIR / f).exists() for f in ("pyproject.toml", "setup.py")):
+        raise LabError(f"{VLLM_DOUBLE_DIR} holds no Python project (pyproject.toml); the inner image needs it")
+    ray_rootfs = _ray_rootfs()
+    stamp = hash_inputs(ray_rootfs.name, VLLM_DOUBLE_DIR, *BUILDERS)
+    current = run(["docker", "image", "inspect", "-f", f'{{{{index .Config.Labels "{SPEC_LABEL}"}}}}',
+                   INNER_IMAGE], check=False, timeout=60).stdout.strip()
+    if current == stamp:
+        log(f"inner image up to date: {INNER_IMAGE}")
+        return image_id(INNER_IMAGE)
+    logfile = CACHE_DIR / "inner-build.log"
+    with unpacked(ray_rootfs, "inner-rootfs") as root:
+        shutil.copytree(VLLM_DOUBLE_DIR, root / "tmp/vllm_double",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info", ".pytest_cache"))
+        log(f"pip install lab/vllm_double offline in a chroot (log: {logfile})")
+        # Offline against the venv's own setuptools: the double needs nothing from PyPI beyond Ray.
+        chroot_sh(root, """
+            /opt/venv/bin/pip install --no-input --no-index --no-build-isolation /tmp/vllm_double
+            rm -rf /tmp/vllm_double
+            ln -sf /opt/venv/bin/ray /usr/local/bin/ray
+            ln -sf /opt/venv/bin/vllm /usr/local/bin/vllm
+            ray --version
+            vllm --help >/dev/null
+            /opt/venv/bin/python -c 'import vllm; print("vllm", vllm.__version__)'
+            """, binds={}, env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=600, logfile=logfile)
+        new_id = docker_import(root, INNER_IMAGE, [
+            f"ENV PATH=/opt/venv/bin:{STD_PATH}",
+            "ENV VIRTUAL_ENV=/opt/venv",
+            'CMD ["/bin/bash"]',
+            f"LABEL {SPEC_LABEL}={stamp}",
+        ])
+    run(["docker", "image", "prune", "-f", "--filter", f"label={SPEC_LABEL}"], check=False)
+    log(f"built {INNER_IMAGE} {new_id[:19]}")
+    return new_id
+
+
+def load_into_nodes(wanted_id: str, nodes: list[Node]) -> None:
+    """Give every node the host's exact image (same id) via one cached `docker save` tarball.
+
+    Streaming the file into `docker exec -i NODE docker load` beat `docker save | ssh NODE docker load`
+    (no ssh cipher, no jump hop for node2..N); see lab/README.md for the numbers.
+    """
+    missing = [n for n in nodes if image_id(INNER_IMAGE, ["docker", "exec", n.name]) != wanted_id]
+    for n in nodes:
+        if n not in missing:
+            log(f"{n.name}: inner image already {wanted_id[7:19]}")
+    if not missing:
+        return
+    tarball = CACHE_DIR / f"inner-{wanted_id[7:19]}.tar"
+    if not tarball.exists():
+        for old in CACHE_DIR.glob("inner-*.tar"):
+            old.unlink()
+        partial = tarball.with_suffix(".partial")
+        run(["docker", "save", "-o", str(partial), INNER_IMAGE], timeout=900)
+        partial.rename(tarball)
+
+    def load(node: Node) -> None:
+        with open(tarball, "rb") as f:
+            run(["docker", "exec", "-i", node.name, "docker", "load"], stdin=f, timeout=900)
+        got = image_id(INNER_IMAGE, ["docker", "exec", node.name])
+        if got != wanted_id:
+            raise LabError(f"{node.name}: loaded {INNER_IMAGE} has id {got}, host has {wanted_id}")
+        # The previous build under the same tag is now dangling; it only takes space in the node's volume.
+        run(["docker", "exec", node.name, "docker", "image", "prune", "-f"], check=False, timeout=120)
+        log(f"{node.name}: loaded inner image {wanted_id[7:19]}")
+
+    with ThreadPoolExecutor(len(missing)) as pool:
+        list(pool.map(load, missing))
