@@ -15,8 +15,12 @@ def parse_pairs(values):
     return dict(v.split("=", 1) for v in values)
 
 
-def diagnose(alive, expected, management, gpus_expected, interface):
-    """Compares Ray's alive nodes [(ip, gpus)] with the expected {name: fabric ip}. Returns (ready, problems)."""
+def diagnose(alive, expected, management, gpus_expected, interface, unreachable=()):
+    """Compares Ray's alive nodes [(ip, gpus)] with the expected {name: fabric ip}. Returns (ready, problems).
+
+    `unreachable` holds the IPs whose raylet the head could not connect to: a node can register with an
+    address that is not its own, and Ray keeps it alive until health checks time out.
+    """
     by_ip = {}
     for ip, gpus in alive:
         by_ip[ip] = by_ip.get(ip, 0) + gpus
@@ -25,6 +29,9 @@ def diagnose(alive, expected, management, gpus_expected, interface):
         if ip not in by_ip:
             problems.append(f"{name} ({ip}) has not joined: check that {ip} is {name}'s address on {interface} "
                             f"and that its Ray worker container is running")
+        elif ip in unreachable:
+            problems.append(f"{name} registered with {ip}, but the head cannot reach its raylet there: {ip} is "
+                            f"probably not {name}'s address on {interface}; fix its fabricIp")
     mgmt_owner = {ip: name for name, ip in management.items()}
     for ip in sorted(set(by_ip) - set(expected.values())):
         if ip in mgmt_owner:
@@ -52,7 +59,17 @@ def wait_for_port(host, port, deadline):
 
 
 def alive_nodes(ray):
-    return [(n["NodeManagerAddress"], n.get("Resources", {}).get("GPU", 0)) for n in ray.nodes() if n["Alive"]]
+    return [n for n in ray.nodes() if n["Alive"]]
+
+
+def unreachable_raylets(nodes):
+    down = set()
+    for n in nodes:
+        try:
+            socket.create_connection((n["NodeManagerAddress"], n["NodeManagerPort"]), timeout=2).close()
+        except OSError:
+            down.add(n["NodeManagerAddress"])
+    return down
 
 
 def main():
@@ -76,8 +93,10 @@ def main():
         shown = None
         while True:
             nodes = alive_nodes(ray)
-            ready, problems = diagnose(nodes, expected, management, a.gpus, a.interface)
-            joined = sorted(ip for ip, _ in nodes)
+            ready, problems = diagnose([(n["NodeManagerAddress"], n.get("Resources", {}).get("GPU", 0))
+                                        for n in nodes], expected, management, a.gpus, a.interface,
+                                       unreachable_raylets(nodes))
+            joined = sorted(n["NodeManagerAddress"] for n in nodes)
             if joined != shown:
                 print(f"Ray nodes alive: {', '.join(joined) or 'none'}", flush=True)
                 shown = joined

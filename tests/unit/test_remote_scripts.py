@@ -32,6 +32,14 @@ def test_cluster_ready_names_a_missing_node():
                         "enp1s0f1np1 and that its Ray worker container is running"]
 
 
+def test_cluster_ready_names_a_node_registered_with_an_address_that_is_not_its_own():
+    ready, problems = cluster_ready.diagnose([("192.168.200.1", 1), ("192.168.200.2", 1)], EXPECTED, MGMT, 2,
+                                             "enp1s0f1np1", unreachable={"192.168.200.2"})
+    assert not ready
+    assert problems == ["spark2 registered with 192.168.200.2, but the head cannot reach its raylet there: "
+                        "192.168.200.2 is probably not spark2's address on enp1s0f1np1; fix its fabricIp"]
+
+
 def test_cluster_ready_names_the_seeds_management_ip_failure():
     ready, problems = cluster_ready.diagnose([("10.10.10.11", 1), ("192.168.200.2", 1)], EXPECTED, MGMT, 2, "eth9")
     assert not ready
