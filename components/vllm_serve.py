@@ -45,12 +45,10 @@ def start_script(env: Mapping[str, str]) -> str:
 
 
 def stop_command(container: str) -> str:
-    # Stops the whole process group of this serve only; a container already gone has nothing to stop.
-    inner = (f"p=$(cat {PID_FILE} 2>/dev/null) || exit 0; kill -TERM -- -$p 2>/dev/null; "
-             f"for i in $(seq 60); do kill -0 $p 2>/dev/null || break; sleep 1; done; "
-             f"kill -KILL -- -$p 2>/dev/null; rm -f {PID_FILE} {ENV_FILE}; true")
-    return (f"if docker inspect {shlex.quote(container)} >/dev/null 2>&1; then "
-            f"docker exec {shlex.quote(container)} sh -c {shlex.quote(inner)}; fi")
+    # Stops this serve's process group only; a container already gone has nothing to stop.
+    stop = shlex.join(["docker", "exec", container, "sh", "-c", script("serve_stop.sh"), "serve-stop",
+                       PID_FILE, ENV_FILE])
+    return f"if docker inspect {shlex.quote(container)} >/dev/null 2>&1; then {stop}; fi"
 
 
 @dataclass

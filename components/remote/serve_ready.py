@@ -109,20 +109,22 @@ def main():
         pid = int(f.read().strip())
     weights = sum(os.path.getsize(s) for s in glob.glob(os.path.join(a.model_path, "*.safetensors")))
     log = LogFollower(a.log)
-    phase, load_start, last_print = "starting", None, 0.0
+    phase, shown, load_start, last_print = "starting", None, None, start
     print(f"waiting up to {fmt(a.timeout)} for vllm serve (pid {pid}) on {a.node}; log {a.log}", flush=True)
     while True:
         now = time.monotonic()
         for line in log.new_lines():
             progress = shard_progress(line)
-            if progress:
-                done, total = progress
+            if progress and progress != shown:
+                done, total = shown = progress
                 load_start = load_start or now
-                rate = weights * done / total / max(now - load_start, 1e-3) / 1e9 if done else 0.0
                 phase = f"loading weights {done}/{total} shards"
-                print(f"{phase} ({fmt(now - start)} elapsed, ~{rate:.2f} GB/s)", flush=True)
+                elapsed = now - load_start
+                # A rate over less than a second says nothing; later lines have one.
+                rate = f", ~{weights * done / total / elapsed / 1e9:.2f} GB/s" if elapsed >= 1 else ""
+                print(f"{phase} ({fmt(now - start)} elapsed{rate})", flush=True)
                 last_print = now
-            elif any(m in line for m in MILESTONES):
+            elif not progress and any(m in line for m in MILESTONES):
                 print(f"vllm: {line.strip()}", flush=True)
                 last_print = now
         if not alive(pid):

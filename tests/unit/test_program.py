@@ -131,7 +131,7 @@ def test_options_that_make_replacement_safe(rec):
 
 def test_serve_delete_stops_only_its_process_group(rec):
     delete = rec.by_name("vllm-serve-process").inputs["delete"]
-    assert "/run/spark-vllm/serve.pid" in delete and "kill -TERM -- -$p" in delete
+    assert "/run/spark-vllm/serve.pid" in delete and 'kill -TERM "-$p"' in delete
     assert delete.startswith("if docker inspect spark-vllm-test-ray-head")
 
 

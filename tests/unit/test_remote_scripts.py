@@ -61,6 +61,33 @@ def test_shard_progress_parses_vllms_tqdm_line():
     assert shard_progress("INFO 12-02 [loader.py:1] Loading weights took 549.60 seconds") is None
 
 
+def running(pid: str) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_serve_stop_ends_the_whole_process_group_and_ignores_zombies(tmp_path):
+    stop = (Path(cluster_ready.__file__).with_name("serve_stop.sh")).read_text()
+    pid_file, env_file = tmp_path / "serve.pid", tmp_path / "serve.env"
+    env_file.write_text("VLLM_API_KEY=x\n")
+    # A group leader that ignores nothing and a child in its group, as `setsid vllm serve` leaves them.
+    group = subprocess.Popen(["setsid", "sh", "-c", "sleep 300 & exec sleep 301"])
+    pid_file.write_text(str(group.pid))
+    time.sleep(0.3)
+    children = subprocess.run(["pgrep", "-g", str(group.pid)], capture_output=True, text=True).stdout.split()
+    assert len(children) == 2
+    start = time.monotonic()
+    # The leader is our child, so it stays a zombie until we reap it: the stop must not wait 60 s for it.
+    done = subprocess.run(["sh", "-c", stop, "serve-stop", str(pid_file), str(env_file)], timeout=30)
+    assert done.returncode == 0 and time.monotonic() - start < 5
+    assert [pid for pid in children if running(pid)] == []
+    assert not pid_file.exists() and not env_file.exists()
+    group.wait()
+    assert subprocess.run(["sh", "-c", stop, "serve-stop", str(pid_file), str(env_file)]).returncode == 0
+
+
 def test_secret_env_survives_shell_quoting(tmp_path):
     value = "it's a \"key\" with $dollars and `ticks`"
     script = start_script({"apiKey": value, "hfToken": "hf_abc"})
@@ -137,7 +164,7 @@ class FakeVllm:
 
 @pytest.fixture
 def fake(tmp_path):
-    f = FakeVllm(tmp_path, shards=3, delay=0.4)
+    f = FakeVllm(tmp_path, shards=4, delay=0.6)
     yield f
     f.close()
 
@@ -146,9 +173,10 @@ def test_serve_ready_shows_shard_progress_then_succeeds(fake):
     fake.writer.start()
     done = fake.wait(timeout=30)
     assert done.returncode == 0, done.stderr
-    for k in (1, 2, 3):
-        assert f"loading weights {k}/3 shards" in done.stdout
+    for k in (1, 2, 3, 4):
+        assert f"loading weights {k}/4 shards" in done.stdout
     assert "GB/s" in done.stdout and "vllm: INFO" in done.stdout
+    assert done.stdout.count("loading weights 4/4 shards") == 1
     assert "ready: tiny served at" in done.stdout
 
 
