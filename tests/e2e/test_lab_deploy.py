@@ -1,0 +1,154 @@
+"""End-to-end: the unchanged program, through the real Pulumi engine, on the two-node lab.
+
+The scenarios run in order on one stack, each starting from the state the previous one left, as an
+operator's day would. Ray is real; vLLM is the test double (lab/vllm_double); node2 is reached only
+through node1 as SSH jump host in every scenario.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from conftest import node_sh
+from stack import chat, planned, steps
+
+HEAD = "spark-vllm-e2e-ray-head"
+WORKER = "spark-vllm-e2e-ray-worker"
+SERVE_CHAIN = {"vllm-serve-process": "replace", "serve-ready-gate": "replace"}
+
+
+def containers(node: int) -> list[str]:
+    return node_sh(node, "docker ps -a --filter label=spark-vllm.stack=e2e --format '{{.Names}} {{.State}}'").split()
+
+
+def assert_serving(stack) -> dict:
+    out = stack.outputs()
+    answer = chat(out["baseUrl"], out["servedModel"])
+    assert answer["choices"][0]["message"]["content"]
+    return out
+
+
+def test_up_from_empty_serves_and_shows_progress(stack):
+    run = stack.up()
+    assert "cluster ready: 2 nodes, 2 GPUs" in run.output
+    assert "Ray nodes alive: 10.87.200.11, 10.87.200.12" in run.output
+    for k in range(1, 5):
+        assert f"loading weights {k}/4 shards" in run.output, run.output
+    assert "ready: lab-tiny served at" in run.output
+    out = assert_serving(stack)
+    assert out["fabricIps"] == {"node1": "10.87.200.11", "node2": "10.87.200.12"}
+    assert out["baseUrl"] == "http://172.29.87.11:8000/v1"
+    assert containers(1) == [HEAD, "running"] and containers(2) == [WORKER, "running"]
+
+
+def test_node2_is_reached_only_through_node1(stack):
+    with pytest.raises(OSError):
+        socket.create_connection(("10.87.200.12", 22), timeout=3)
+    state = stack.export()
+    provider = next(r for r in state["deployment"]["resources"] if r["urn"].endswith("::node2-docker"))
+    opts = json.loads(provider["inputs"]["sshOpts"])  # provider config travels as JSON text
+    proxy = [o for o in opts if o.startswith("ProxyCommand=")]
+    assert proxy and "root@172.29.87.11" in proxy[0] and provider["inputs"]["host"] == "ssh://root@10.87.200.12"
+
+
+def test_no_op_up_and_preview_change_nothing(stack):
+    stack.up("--expect-no-changes")
+    preview = stack.pulumi("preview", "--expect-no-changes", check=True)
+    assert planned(preview) == {}
+
+
+def test_serve_only_change_replaces_only_the_serve_chain(stack):
+    before = stack.outputs()["containerIds"]
+    stack.set_config("serve.maxModelLen", "2048")
+    preview = stack.pulumi("preview", "--diff", check=True)
+    assert planned(preview) == SERVE_CHAIN
+    assert "--max-model-len 2048" in preview.output
+    stack.up()
+    assert stack.outputs()["containerIds"] == before
+    assert_serving(stack)
+
+
+def test_worker_env_change_replaces_that_worker_and_the_serve_chain(stack):
+    before = stack.outputs()["containerIds"]
+    stack.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][1].update(env={"NCCL_DEBUG": "INFO"}))
+    preview = stack.pulumi("preview", check=True)
+    assert planned(preview) == {"ray-worker-node2-container": "replace", "cluster-ready-gate": "replace",
+                                **SERVE_CHAIN}
+    stack.up()
+    after = stack.outputs()["containerIds"]
+    assert after["node1"] == before["node1"] and after["node2"] != before["node2"]
+    assert_serving(stack)
+
+
+def test_ray_change_replaces_everything_in_order(stack):
+    before = stack.outputs()["containerIds"]
+    stack.edit_catalog("clusters.yaml", lambda c: c["lab"].setdefault("ray", {}).update(dashboardPort=8266))
+    run = stack.up()
+    order = [(op, name) for op, name in steps(run) if op in ("delete-replaced", "create-replacement")]
+    # Fixed names and ports are deleted before anything is created, dependents first (delete_before_replace
+    # takes what stands on the head down with it); then everything is created in dependency order.
+    first_create = next(i for i, (op, _) in enumerate(order) if op == "create-replacement")
+    assert [name for _, name in order[:first_create]] == [
+        "serve-ready-gate", "vllm-serve-process", "cluster-ready-gate", "ray-worker-node2-container",
+        "ray-head-container"], order
+    creates = [name for op, name in order if op == "create-replacement"]
+    assert creates == ["ray-head-container", "ray-worker-node2-container", "cluster-ready-gate",
+                       "vllm-serve-process", "serve-ready-gate"], order
+    assert "already in use" not in run.output and "address already in use" not in run.output.lower()
+    after = stack.outputs()["containerIds"]
+    assert after["node1"] != before["node1"] and after["node2"] != before["node2"]
+    assert_serving(stack)
+
+
+def test_missing_model_path_fails_fast_naming_node_and_path_then_converges(stack):
+    stack.set_config("serve.path", "/models/nope")
+    run = stack.up(check=False)
+    assert run.returncode != 0 and run.seconds < 120
+    # The weights are mounted into the Ray containers, so Docker refuses first, naming the node.
+    assert "ssh://root@172.29.87.11" in run.output and "bind source path does not exist: /models/nope" in run.output
+    stack.pulumi("config", "rm", "--path", "spark-vllm:serve.path", check=True)
+    stack.up()
+    assert_serving(stack)
+
+
+def test_unsupported_architecture_fails_fast_with_the_log_tail_then_converges(stack):
+    # The seed's "image lacks the model's architecture": vLLM dies at start-up, and the gate says so at once.
+    stack.set_config("serve.path", "/models/lab-tiny-bad-arch")
+    run = stack.up(check=False)
+    assert run.returncode != 0 and run.seconds < 120
+    assert "vllm serve on node1 exited while starting" in run.output, run.output
+    assert "are not supported for now" in run.output
+    stack.pulumi("config", "rm", "--path", "spark-vllm:serve.path", check=True)
+    stack.up()
+    assert_serving(stack)
+
+
+def test_drift_head_removed_by_hand_is_rebuilt_by_refresh(stack):
+    before = stack.outputs()["containerIds"]
+    node_sh(1, f"docker rm -f {HEAD}")
+    stack.up("--refresh")
+    after = stack.outputs()["containerIds"]
+    assert after["node1"] != before["node1"] and after["node2"] != before["node2"]
+    assert containers(1) == [HEAD, "running"]
+    assert_serving(stack)
+
+
+def test_wrong_fabric_ip_fails_the_cluster_gate_quickly_and_names_it(stack):
+    stack.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][1].update(fabricIp="10.87.200.19"))
+    run = stack.up(check=False)
+    assert run.returncode != 0 and run.seconds < 240
+    assert "node2 (10.87.200.19) has not joined" in run.output or \
+        "node2 registered with 10.87.200.19, but the head cannot reach its raylet there" in run.output, run.output
+    stack.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][1].update(fabricIp="10.87.200.12"))
+    stack.up()
+    assert_serving(stack)
+
+
+def test_destroy_leaves_nothing_on_any_node(stack):
+    stack.pulumi("destroy", check=True)
+    for node in (1, 2):
+        assert containers(node) == []
+        assert "vllm" not in node_sh(node, "ps -eo args")
