@@ -10,7 +10,7 @@ import pulumi
 import pulumi_command as command
 
 from .config import ClusterSpec
-from .remote import docker_exec, script
+from .gate import gate
 
 
 def _is_ip(value: str) -> bool:
@@ -21,9 +21,9 @@ def _is_ip(value: str) -> bool:
         return False
 
 
-def cluster_ready_argv(cluster: ClusterSpec, timeout_s: int) -> list[str]:
-    argv = ["python3", "-", f"--address={cluster.head.fabric_ip}:{cluster.ray_port}",
-            f"--gpus={cluster.total_gpus}", f"--interface={cluster.fabric_interface}", f"--timeout={timeout_s}"]
+def cluster_ready_args(cluster: ClusterSpec) -> list[str]:
+    argv = [f"--address={cluster.head.fabric_ip}:{cluster.ray_port}", f"--gpus={cluster.total_gpus}",
+            f"--interface={cluster.fabric_interface}"]
     argv += [f"--expect={n.name}={n.fabric_ip}" for n in cluster.nodes]
     # Management addresses let the gate name the seed's failure: a node registered on the wrong network.
     argv += [f"--management={n.name}={n.ssh_host}" for n in cluster.nodes
@@ -47,15 +47,7 @@ class ClusterReady(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ClusterReadyArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:ClusterReady", name, None, opts)
-        gate = command.remote.Command(
-            f"{name}-gate",
-            connection=args.connection,
-            create=docker_exec(args.head_container, cluster_ready_argv(args.cluster, args.timeout_s)),
-            stdin=script("cluster_ready.py"),
-            triggers=list(args.container_ids),
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"],
-                                        custom_timeouts=pulumi.CustomTimeouts(create=f"{args.timeout_s + 120}s")),
-        )
-        self.ready_id = gate.id
+        check = gate(f"{name}-gate", self, args.connection, args.head_container, "cluster_ready.py",
+                     cluster_ready_args(args.cluster), list(args.container_ids), args.timeout_s)
+        self.ready_id = check.id
         self.register_outputs({"readyId": self.ready_id})

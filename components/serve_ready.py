@@ -9,7 +9,7 @@ import pulumi
 import pulumi_command as command
 
 from .config import ClusterSpec, ServeSpec
-from .remote import docker_exec, script
+from .gate import gate
 from .vllm_serve import ENV_FILE, LOG_FILE, PID_FILE
 
 
@@ -18,10 +18,10 @@ def local_url(cluster: ClusterSpec) -> str:
     return f"http://{host}:{cluster.api_port}"
 
 
-def serve_ready_argv(cluster: ClusterSpec, serve: ServeSpec, timeout_s: int) -> list[str]:
-    return ["python3", "-", f"--node={cluster.head.name}", f"--url={local_url(cluster)}",
-            f"--model={serve.served_name}", f"--model-path={serve.model_path}", f"--log={LOG_FILE}",
-            f"--pid-file={PID_FILE}", f"--env-file={ENV_FILE}", f"--timeout={timeout_s}"]
+def serve_ready_args(cluster: ClusterSpec, serve: ServeSpec) -> list[str]:
+    return [f"--node={cluster.head.name}", f"--url={local_url(cluster)}", f"--model={serve.served_name}",
+            f"--model-path={serve.model_path}", f"--log={LOG_FILE}", f"--pid-file={PID_FILE}",
+            f"--env-file={ENV_FILE}"]
 
 
 @dataclass
@@ -41,15 +41,7 @@ class ServeReady(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ServeReadyArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:ServeReady", name, None, opts)
-        gate = command.remote.Command(
-            f"{name}-gate",
-            connection=args.connection,
-            create=docker_exec(args.head_container, serve_ready_argv(args.cluster, args.serve, args.timeout_s)),
-            stdin=script("serve_ready.py"),
-            triggers=[args.serve_id],
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"],
-                                        custom_timeouts=pulumi.CustomTimeouts(create=f"{args.timeout_s + 120}s")),
-        )
-        self.ready_id = gate.id
+        check = gate(f"{name}-gate", self, args.connection, args.head_container, "serve_ready.py",
+                     serve_ready_args(args.cluster, args.serve), [args.serve_id], args.timeout_s)
+        self.ready_id = check.id
         self.register_outputs({"readyId": self.ready_id})

@@ -13,3 +13,4 @@ def script(name: str) -> str:
 def docker_exec(container: str, argv: list[str]) -> str:
     """A shell command that runs `argv` inside `container` with stdin attached (for scripts sent on stdin)."""
     return shlex.join(["docker", "exec", "-i", container, *argv])
+

@@ -30,6 +30,19 @@ MODELS = {
 }
 
 
+def cluster_with(change) -> dict:
+    """The test cluster catalog with `change` applied to a copy of its only cluster."""
+    cluster = copy.deepcopy(CLUSTER)
+    change(cluster)
+    return {"c3": cluster}
+
+
+def models_with(change) -> dict:
+    models = copy.deepcopy(MODELS)
+    change(models)
+    return models
+
+
 def write_catalog(folder: Path, clusters: dict | None = None, models: dict | None = None) -> Path:
     """Writes clusters.yaml and models.yaml (with the key file) into `folder` and returns it."""
     folder.mkdir(parents=True, exist_ok=True)

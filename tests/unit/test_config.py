@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 from components import config
 from components.schema import ConfigError
-from fixtures import CLUSTER, MODELS, stack_config, write_catalog
+from fixtures import cluster_with, models_with, stack_config, write_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,18 +18,6 @@ def load(tmp_path, stack=None, clusters=None, models=None, secret_keys=()):
     catalog = write_catalog(tmp_path / "catalog", clusters, models)
     cfg = stack_config(catalog) if stack is None else stack(stack_config(catalog))
     return config.load("test", cfg, set(secret_keys), ROOT)
-
-
-def cluster_with(change):
-    c = copy.deepcopy(CLUSTER)
-    change(c)
-    return {"c3": c}
-
-
-def models_with(change):
-    m = copy.deepcopy(MODELS)
-    change(m)
-    return m
 
 
 def stack_with(**kv):

@@ -7,11 +7,9 @@ its workers' inputs, as the engine's new id would. The lab suite checks the same
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
-from fixtures import CLUSTER, MODELS, stack_config, write_catalog
+from fixtures import cluster_with as cluster, models_with as models, stack_config, write_catalog
 from harness import run_program
 
 SECRET_KEYS = ("spark-vllm:apiKey",)
@@ -35,18 +33,6 @@ def changes(before, after):
     created = {r.name for urn, r in after.items() if urn not in before and custom(r)}
     deleted = {r.name for urn, r in before.items() if urn not in after and custom(r)}
     return replaced, created, deleted
-
-
-def cluster(change):
-    c = copy.deepcopy(CLUSTER)
-    change(c)
-    return {"c3": c}
-
-
-def models(change):
-    m = copy.deepcopy(MODELS)
-    change(m)
-    return m
 
 
 FOUR_NODES = cluster(lambda c: c["nodes"].append(
