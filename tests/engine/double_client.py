@@ -1,19 +1,14 @@
 """Starts the docker double plugin the way the engine does and talks to it with a pulumirpc stub."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import grpc
 from google.protobuf import empty_pb2
-from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
+from pulumi.runtime.proto import provider_pb2
 
-DOUBLE_DIR = Path(__file__).resolve().parents[1] / "docker_double"
-sys.path.insert(0, str(DOUBLE_DIR))
-from dockerdouble import values  # noqa: E402  (the double's own Struct encoding helpers)
+from plugin_process import TESTS, PluginProcess, values
 
+DOUBLE_DIR = TESTS / "docker_double"
 CONTAINER = "docker:index/container:Container"
 REMOTE_IMAGE = "docker:index/remoteImage:RemoteImage"
 PROVIDER = "pulumi:providers:docker"
@@ -23,21 +18,10 @@ def urn(token: str, name: str) -> str:
     return f"urn:pulumi:test::spark-vllm::{token}::{name}"
 
 
-class DoublePlugin:
+class DoublePlugin(PluginProcess):
     def __init__(self, log_path: Path):
-        env = dict(os.environ, SPARK_VLLM_DOCKER_DOUBLE_LOG=str(log_path))
-        self.proc = subprocess.Popen([str(DOUBLE_DIR / "pulumi-resource-docker"), "127.0.0.1:1", "--logtostderr"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        port = int(self.proc.stdout.readline())
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.stub = provider_pb2_grpc.ResourceProviderStub(self.channel)
-
-    def close(self) -> str:
-        """Stops the plugin; returns what it wrote on stderr."""
-        self.channel.close()
-        self.proc.terminate()
-        _, err = self.proc.communicate(timeout=10)
-        return err.decode(errors="replace")
+        super().__init__([str(DOUBLE_DIR / "pulumi-resource-docker"), "127.0.0.1:1", "--logtostderr"],
+                         {"SPARK_VLLM_DOCKER_DOUBLE_LOG": str(log_path)})
 
     def info(self):
         return self.stub.GetPluginInfo(empty_pb2.Empty())

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from concurrent import futures
@@ -16,14 +15,12 @@ from pathlib import Path
 import grpc
 import pytest
 from google.protobuf import empty_pb2
-from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc, provider_pb2, provider_pb2_grpc
+from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc, provider_pb2
 
 from loopback_node import free_port, loopback_node
+from plugin_process import TESTS, PluginProcess, rpc_error, values
 
-TESTS = Path(__file__).resolve().parents[1]
 DOUBLE = TESTS / "command_double" / "pulumi-resource-command"
-sys.path.insert(0, str(TESTS / "docker_double"))
-from dockerdouble import values  # noqa: E402  (Struct encoding shared by the doubles)
 
 TOKEN = "command:remote:Command"
 KIND = provider_pb2.PropertyDiff
@@ -52,22 +49,12 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         return [r.message for _, r in self.logs if r.urn == urn(name) and r.ephemeral == ephemeral]
 
 
-class CommandPlugin:
+class CommandPlugin(PluginProcess):
     """Starts the double the way the engine does (`pulumi-resource-command <flags> <engine address>`)."""
 
     def __init__(self, engine_address: str, log_path: Path):
-        env = dict(os.environ, SPARK_VLLM_COMMAND_DOUBLE_LOG=str(log_path))
-        self.proc = subprocess.Popen([str(DOUBLE), "--logtostderr", "-v=9", engine_address],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        port = int(self.proc.stdout.readline())
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.stub = provider_pb2_grpc.ResourceProviderStub(self.channel)
-
-    def close(self) -> str:
-        self.channel.close()
-        self.proc.terminate()
-        _, err = self.proc.communicate(timeout=10)
-        return err.decode(errors="replace")
+        super().__init__([str(DOUBLE), "--logtostderr", "-v=9", engine_address],
+                         {"SPARK_VLLM_COMMAND_DOUBLE_LOG": str(log_path)})
 
     def check(self, news: dict, name: str = "gate", token: str = TOKEN):
         return self.stub.Check(provider_pb2.CheckRequest(urn=urn(name, token), news=values.encode(news)))
@@ -93,12 +80,6 @@ class CommandPlugin:
 
     def delete(self, state: dict, name: str = "gate") -> None:
         self.stub.Delete(provider_pb2.DeleteRequest(urn=urn(name), id=f"{name}0", properties=values.encode(state)))
-
-
-def rpc_error(call) -> str:
-    with pytest.raises(grpc.RpcError) as caught:
-        call()
-    return caught.value.details()
 
 
 @pytest.fixture(scope="module")

@@ -3,17 +3,13 @@ through a loopback sshd (ssh + `docker system dial-stdio`, as pulumi-docker conn
 
 import subprocess
 
-import grpc
 import pytest
 from pulumi.runtime.proto import provider_pb2
 
 import docker_cli
 from double_client import CONTAINER, PROVIDER, REMOTE_IMAGE, DoublePlugin, urn, values
 from loopback_node import free_port, keygen
-
-REPLACE_KINDS = {provider_pb2.PropertyDiff.UPDATE_REPLACE, provider_pb2.PropertyDiff.ADD_REPLACE,
-                 provider_pb2.PropertyDiff.DELETE_REPLACE}
-
+from plugin_process import rpc_error
 
 @pytest.fixture
 def plugin(tmp_path):
@@ -36,12 +32,6 @@ def create_container(plugin, news: dict) -> tuple[str, dict, dict]:
     inputs = plugin.checked(CONTAINER, news)
     cid, outputs = plugin.create(CONTAINER, inputs)
     return cid, outputs, inputs
-
-
-def rpc_error(call) -> str:
-    with pytest.raises(grpc.RpcError) as caught:
-        call()
-    return caught.value.details()
 
 
 def test_identifies_as_pulumi_docker_5_2_0_and_speaks_the_handshake(plugin, node):

@@ -11,7 +11,8 @@ pinning). The program authenticates with unencrypted keys and does not pin host 
 
 from dataclasses import dataclass
 
-from dockerdouble import props, values
+from providerkit import values
+from providerkit.rpc import CheckFailures
 
 DEFAULTS = {"user": "root", "port": 22, "dialErrorLimit": 10, "perDialTimeout": 15}
 FIELDS = frozenset({"host", "port", "user", "privateKey", "agentSocketPath", "dialErrorLimit", "perDialTimeout"})
@@ -33,7 +34,7 @@ class Endpoint:
     per_dial_timeout: int
 
 
-def check(value, failures: props.CheckFailures, path: str = "connection"):
+def check(value, failures: CheckFailures, path: str = "connection"):
     """`value` with defaults filled in (wrappers kept); problems are added to `failures`."""
     secret = values.is_secret(value)
     inner = value.get("value") if secret else value
@@ -63,7 +64,7 @@ def check(value, failures: props.CheckFailures, path: str = "connection"):
     return values.secret(checked) if secret else checked
 
 
-def _check_field(key: str, value, name: str, failures: props.CheckFailures) -> None:
+def _check_field(key: str, value, name: str, failures: CheckFailures) -> None:
     if value is None:
         return
     if key in ("host", "user", "privateKey", "agentSocketPath"):

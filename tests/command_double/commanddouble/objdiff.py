@@ -6,13 +6,13 @@ detailedDiff with `plugin.NewDetailedDiffFromObjectDiff`: one entry per changed 
 anything else (secrets, unknowns, assets) compares as a whole. A null value counts as absent. The engine then
 turns entries into replacements for paths the program lists in `replaceOnChanges`.
 
-Values are those `dockerdouble.values.decode` returns (JSON-like, with signature-keyed wrappers).
+Values are those `providerkit.values.decode` returns (JSON-like, with signature-keyed wrappers).
 """
 
 import json
 import re
 
-from dockerdouble import values
+from providerkit import values
 from pulumi.runtime.proto import provider_pb2
 
 ADD = provider_pb2.PropertyDiff.ADD

@@ -22,9 +22,10 @@ when upstream would have tried, which is what upstream reports against an sshd w
 
 import secrets
 
-from dockerdouble import props, values
+from providerkit import engine_log, values
+from providerkit.rpc import CheckFailures
 
-from . import connection, engine_log, objdiff, ssh_session
+from . import connection, objdiff, ssh_session
 from .goquote import go_quote
 
 TOKEN = "command:remote:Command"
@@ -41,8 +42,8 @@ class CommandFailed(RuntimeError):
     """The remote command exited with a non-zero status."""
 
 
-def check(news: dict) -> tuple[dict, props.CheckFailures]:
-    failures = props.CheckFailures()
+def check(news: dict) -> tuple[dict, CheckFailures]:
+    failures = CheckFailures()
     checked = dict(news)
     for key, value in news.items():
         if key not in INPUTS:

@@ -9,7 +9,10 @@ removes it and reports it gone, so a refresh followed by an update recreates it;
 import re
 import time
 
-from . import props, values
+from providerkit import values
+from providerkit.rpc import CheckFailures
+
+from . import props
 from .dockerapi import DockerError, DockerHost, demux_logs
 
 TOKEN = "docker:index/container:Container"
@@ -50,8 +53,8 @@ MOUNT_TYPES = ("bind", "volume", "tmpfs")
 GPUS_RE = re.compile(r'^(all|\d+|"?device=[\w,:-]+"?)$')
 
 
-def check(news: dict) -> tuple[dict, props.CheckFailures]:
-    failures = props.CheckFailures()
+def check(news: dict) -> tuple[dict, CheckFailures]:
+    failures = CheckFailures()
     props.check_names(LABEL, TABLE, news, failures)
     for required in ("name", "image"):
         if required not in news:

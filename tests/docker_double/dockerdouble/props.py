@@ -8,7 +8,8 @@ as that default when absent; set-typed properties compare without regard to orde
 import json
 from dataclasses import dataclass, field
 
-from . import values
+from providerkit import values
+from providerkit.rpc import CheckFailures
 
 # PropertyDiff kinds (pulumirpc.PropertyDiff.Kind)
 ADD, ADD_REPLACE, DELETE, DELETE_REPLACE, UPDATE, UPDATE_REPLACE = range(6)
@@ -23,11 +24,6 @@ class Prop:
     empty_is_noop: bool = False          # DiffSuppressFunc treating "" as "keep old"
     fields: frozenset = field(default_factory=frozenset)  # allowed keys of object elements
     required_fields: frozenset = field(default_factory=frozenset)
-
-
-class CheckFailures(list):
-    def add(self, prop: str, reason: str) -> None:
-        self.append((prop, reason))
 
 
 def check_names(token_label: str, table: dict, news: dict, failures: CheckFailures) -> None:
@@ -90,10 +86,6 @@ def diff(table: dict, olds: dict, news: dict) -> dict[str, int]:
             kind = UPDATE_REPLACE if prop.force_new else UPDATE
         changes[key] = kind
     return changes
-
-
-def is_replacement(changes: dict[str, int]) -> bool:
-    return any(kind in (ADD_REPLACE, DELETE_REPLACE, UPDATE_REPLACE) for kind in changes.values())
 
 
 def with_defaults(table: dict, news: dict) -> dict:

@@ -7,7 +7,10 @@ way); stack config may give it as a JSON string too. The engine adds keys of its
 
 import json
 
-from . import props, values
+from providerkit import values
+from providerkit.rpc import CheckFailures
+
+from . import props
 
 TOKEN = "pulumi:providers:docker"
 DEFAULT_HOST = "unix:///var/run/docker.sock"
@@ -29,8 +32,8 @@ def ssh_opts(value) -> list[str]:
     return value
 
 
-def check(news: dict) -> tuple[dict, props.CheckFailures]:
-    failures = props.CheckFailures()
+def check(news: dict) -> tuple[dict, CheckFailures]:
+    failures = CheckFailures()
     props.check_names("provider config", TABLE, {k: v for k, v in news.items() if k not in ENGINE_KEYS}, failures)
     host = news.get("host")
     if host is not None and not values.contains_unknown(host):

@@ -7,7 +7,10 @@ and the resource id is the image id followed by the name.
 
 import urllib.parse
 
-from . import props, values
+from providerkit import values
+from providerkit.rpc import CheckFailures
+
+from . import props
 from .dockerapi import DockerError, DockerHost
 
 TOKEN = "docker:index/remoteImage:RemoteImage"
@@ -18,8 +21,8 @@ TABLE = {
 }
 
 
-def check(news: dict) -> tuple[dict, props.CheckFailures]:
-    failures = props.CheckFailures()
+def check(news: dict) -> tuple[dict, CheckFailures]:
+    failures = CheckFailures()
     props.check_names(LABEL, TABLE, news, failures)
     if "name" not in news:
         failures.add("name", "Missing required property 'name'")

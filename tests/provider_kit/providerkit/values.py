@@ -1,8 +1,9 @@
 """Pulumi property values as they travel in google.protobuf.Struct.
 
 The engine marks special values with a signature key: secrets, resource references and output values are
-objects, unknowns (computed values during preview) are a sentinel string. The double keeps the marked form
-in what it returns (so secrets stay secret in the state) and uses `plain` values to talk to Docker.
+objects, unknowns (computed values during preview) are a sentinel string. A double keeps the marked form
+in what it returns (so secrets stay secret in the state) and uses `plain` values to act (talk to Docker, run
+a command).
 """
 
 from google.protobuf import json_format, struct_pb2
