@@ -50,8 +50,9 @@ def write_catalog(folder: Path, clusters: dict | None = None, models: dict | Non
     key.write_text(KEY)
     clusters = copy.deepcopy(clusters if clusters is not None else {"c3": CLUSTER})
     for cluster in clusters.values():
-        if isinstance(cluster, dict) and cluster.get("ssh", {}).get("keyFile") == "@KEY@":
-            cluster["ssh"]["keyFile"] = str(key)
+        ssh = cluster.get("ssh") if isinstance(cluster, dict) else None
+        if isinstance(ssh, dict) and ssh.get("keyFile") == "@KEY@":
+            ssh["keyFile"] = str(key)
     (folder / "clusters.yaml").write_text(yaml.safe_dump(clusters))
     (folder / "models.yaml").write_text(yaml.safe_dump(models if models is not None else MODELS))
     return folder
