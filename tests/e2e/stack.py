@@ -47,14 +47,16 @@ class LabStack:
         self.runs = 0
         self.pulumi("stack", "init", check=True)
 
+    def command(self, *args: str, events: Path | None = None) -> list[str]:
+        """The command line for `pulumi <args>` on this stack, through scripts/pulumi (which hosts the program)."""
+        extra = ["--event-log", str(events)] if events and args[0] in ("up", "preview", "destroy", "refresh") else []
+        return [str(ROOT / "scripts" / "pulumi"), *args, *extra, "--non-interactive", "--stack", self.stack]
+
     def pulumi(self, *args: str, check: bool = False, timeout: float = 900) -> Run:
         self.runs += 1
         events = self.events_dir / f"{self.runs:03d}.jsonl"
-        verb = args[0]
-        extra = ["--event-log", str(events)] if verb in ("up", "preview", "destroy", "refresh") else []
-        # scripts/pulumi hosts the Python program (see its docstring) and runs the real CLI.
-        cmd = [str(ROOT / "scripts" / "pulumi"), *args, *extra, "--non-interactive", "--stack", self.stack]
-        if verb in ("up", "destroy", "refresh"):
+        cmd = self.command(*args, events=events)
+        if args[0] in ("up", "destroy", "refresh", "cancel"):
             cmd.append("--yes")
         start = time.monotonic()
         done = subprocess.run(cmd, cwd=self.dir, env=self.env, capture_output=True, text=True, timeout=timeout)
