@@ -1,0 +1,50 @@
+"""A vLLM that dies after it was ready: `pulumi up --refresh` cannot see it (remote.Command has no Read);
+scripts/status does, and the one command it prints repairs it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from conftest import node_sh
+from stack import ROOT, LabStack, chat
+
+HEAD = "spark-vllm-sts-ray-head"
+
+
+@pytest.fixture(scope="module")
+def stack(lab2, tmp_path_factory):
+    s = LabStack(tmp_path_factory.mktemp("sts"), "sts", "lab", lab2)
+    s.up()
+    yield s
+    s.pulumi("destroy", timeout=600)
+
+
+def status(stack: LabStack) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "scripts" / "status"), "--stack", stack.stack], cwd=stack.dir, env=stack.env,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_status_reports_every_layer_healthy(stack):
+    done = status(stack)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for layer in ("ssh node1", "ssh node2 via node1", f"container {HEAD}", "ray nodes by fabric IP",
+                  "vllm serve process", "/health", "/v1/models", "one chat completion"):
+        assert re.search(rf"{re.escape(layer)}\s+ok ", done.stdout), done.stdout
+
+
+def test_a_dead_vllm_is_found_by_status_and_repaired_by_its_command(stack):
+    node_sh(1, f"docker exec {HEAD} sh -c 'kill -KILL -$(cat /run/spark-vllm/serve.pid)'")
+    # The engine cannot see it: the serve is a command, and commands have no Read.
+    stack.up("--refresh", "--expect-no-changes")
+    done = status(stack)
+    assert done.returncode == 1
+    assert re.search(r"vllm serve process\s+FAIL", done.stdout), done.stdout
+    assert re.search(r"ray nodes by fabric IP\s+ok ", done.stdout), done.stdout
+    urn = re.search(r"pulumi up --replace '([^']+)'", done.stdout).group(1)
+    stack.up("--replace", urn)
+    assert status(stack).returncode == 0
+    out = stack.outputs()
+    assert chat(out["baseUrl"], out["servedModel"])["choices"][0]["message"]["content"]
