@@ -20,7 +20,9 @@ class ConfigError(pulumi.RunError):
         self.file, self.path, self.value, self.accepted = file, path, value, accepted
         shown = "missing" if value is _MISSING else repr(value)
         what = problem or f"is {shown}"
-        super().__init__(f"{file}: {path} {what}; expected {accepted}.")
+        message = f"{file}: {path} {what}; expected {accepted}."
+        # One line, whatever a key or value holds: escape line breaks rather than print them.
+        super().__init__(message.replace("\r", "\\r").replace("\n", "\\n"))
 
 
 class _Missing:
