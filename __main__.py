@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pulumi
 
-from components import config
+from components import config, preflight
 from components.cluster_ready import ClusterReady, ClusterReadyArgs
 from components.ray_node import RayNode, RayNodeArgs
 from components.serve_ready import ServeReady, ServeReadyArgs
@@ -12,6 +12,7 @@ from components.spark_node import SparkNode, SparkNodeArgs
 from components.vllm_serve import VllmServe, VllmServeArgs
 
 d = config.from_pulumi(Path(__file__).parent)
+preflight.run(d)  # before any resource: a failed check leaves the stack as it was
 cluster, serve = d.cluster, d.serve
 stack_config = pulumi.Config(config.NAMESPACE)
 private_key = pulumi.Output.secret(d.ssh_private_key) if d.ssh_private_key else None

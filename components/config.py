@@ -61,6 +61,7 @@ class ClusterSpec:
     api_port: int
     endpoint_host: str
     nodes: tuple[NodeSpec, ...]
+    gpu_probe: Optional[str] = None  # a stand-in for `nvidia-smi -L` where a node has no GPU (the lab)
 
     @property
     def head(self) -> NodeSpec:
@@ -95,6 +96,13 @@ class ServeSpec:
 
 
 @dataclass(frozen=True)
+class PreflightSpec:
+    enabled: bool
+    hash_weights: bool  # compare the shards' SHA-256 too, not only names and sizes (slow)
+    timeout_s: int  # bound on each node's probe, SSH included
+
+
+@dataclass(frozen=True)
 class Deployment:
     stack: str
     cluster: ClusterSpec
@@ -103,6 +111,7 @@ class Deployment:
     serve_ready_timeout_s: int
     secrets: tuple[str, ...]  # which of SECRET_KEYS are set (values are read as Pulumi secrets)
     ssh_private_key: Optional[str]  # contents of the key file; the program wraps it as a secret
+    preflight: PreflightSpec
 
 
 # What RDMA and NCCL need (the anchors' `--ulimit` flags); a host that cannot grant them sets lower ones.
@@ -124,6 +133,10 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
     cluster_ready_s = timeouts.int("clusterReadySeconds", 180, lo=10, hi=3600)
     serve_ready_s = timeouts.int("serveReadySeconds", 2400, lo=30, hi=4 * 3600)
     timeouts.done()
+    checks = top.section("preflight")
+    preflight = PreflightSpec(enabled=checks.bool("enabled", True), hash_weights=checks.bool("hashWeights", False),
+                              timeout_s=checks.int("timeoutSeconds", 60, lo=5, hi=4 * 3600))
+    checks.done()
     secrets = []
     for key in SECRET_KEYS:
         if top.has(key):
@@ -149,7 +162,7 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
                           f"is {serve.tensor_parallel} x {serve.pipeline_parallel} = {world}")
     return Deployment(stack=stack, cluster=cluster, serve=serve, cluster_ready_timeout_s=cluster_ready_s,
                       serve_ready_timeout_s=serve_ready_s, secrets=tuple(secrets),
-                      ssh_private_key=_read_key(cluster, clusters.file))
+                      ssh_private_key=_read_key(cluster, clusters.file), preflight=preflight)
 
 
 def _catalog_entry(path: Path, shown: str, name: str, stack_file: str, what: str) -> Section:
@@ -207,6 +220,9 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
     api_port = api.port("port", 8000)
     endpoint_host = api.host("endpointHost", None)
     api.done()
+    checks = c.section("preflight")
+    gpu_probe = checks.str("gpuProbe", None, accepted="a shell command that prints one `GPU <n>: <name>` line a GPU")
+    checks.done()
     node_sections = c.sections("nodes")
     nodes = [_node(n, user) for n in node_sections]
     c.done()
@@ -222,7 +238,7 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
                        docker_gpus=None if docker_gpus == "none" else docker_gpus, rdma=rdma,
                        shm_size_mb=shm_size_mb, ulimits=ulimits, env=env, hf_cache=hf_cache, api_bind=api_bind,
                        api_port=api_port,
-                       endpoint_host=endpoint_host or head.ssh_host, nodes=tuple(nodes))
+                       endpoint_host=endpoint_host or head.ssh_host, nodes=tuple(nodes), gpu_probe=gpu_probe)
 
 
 def _node(n: Section, default_user: str) -> NodeSpec:

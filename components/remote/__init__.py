@@ -1,4 +1,7 @@
-"""Scripts that run on the nodes, inside the Ray head container. They are sent over SSH on stdin."""
+"""Scripts that run on the nodes, inside the Ray head container or (the preflight probe) on the node itself.
+
+They are sent over SSH on stdin.
+"""
 
 import shlex
 from pathlib import Path

@@ -103,25 +103,38 @@ def test_ray_change_replaces_everything_in_order(stack):
     assert_serving(stack)
 
 
+def preflight_off(stack):
+    """The gates below are the second line, behind preflight (tests/e2e/test_preflight.py): reach them without it."""
+    stack.set_config("preflight.enabled", "false")
+
+
+def preflight_on(stack):
+    stack.pulumi("config", "rm", "--path", "spark-vllm:preflight", check=True)
+
+
 def test_missing_model_path_fails_fast_naming_node_and_path_then_converges(stack):
+    preflight_off(stack)
     stack.set_config("serve.path", "/models/nope")
     run = stack.up(check=False)
     assert run.returncode != 0 and run.seconds < 120
     # The weights are mounted into the Ray containers, so Docker refuses first, naming the node.
     assert "ssh://root@172.29.87.11" in run.output and "bind source path does not exist: /models/nope" in run.output
     stack.pulumi("config", "rm", "--path", "spark-vllm:serve.path", check=True)
+    preflight_on(stack)
     stack.up()
     assert_serving(stack)
 
 
 def test_unsupported_architecture_fails_fast_with_the_log_tail_then_converges(stack):
     # The seed's "image lacks the model's architecture": vLLM dies at start-up, and the gate says so at once.
+    preflight_off(stack)
     stack.set_config("serve.path", "/models/lab-tiny-bad-arch")
     run = stack.up(check=False)
     assert run.returncode != 0 and run.seconds < 120
     assert "vllm serve on node1 exited while starting" in run.output, run.output
     assert "are not supported for now" in run.output
     stack.pulumi("config", "rm", "--path", "spark-vllm:serve.path", check=True)
+    preflight_on(stack)
     stack.up()
     assert_serving(stack)
 
@@ -137,12 +150,14 @@ def test_drift_head_removed_by_hand_is_rebuilt_by_refresh(stack):
 
 
 def test_wrong_fabric_ip_fails_the_cluster_gate_quickly_and_names_it(stack):
+    preflight_off(stack)
     stack.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][1].update(fabricIp="10.87.200.19"))
     run = stack.up(check=False)
     assert run.returncode != 0 and run.seconds < 240
     assert "node2 (10.87.200.19) has not joined" in run.output or \
         "node2 registered with 10.87.200.19, but the head cannot reach its raylet there" in run.output, run.output
     stack.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][1].update(fabricIp="10.87.200.12"))
+    preflight_on(stack)
     stack.up()
     assert_serving(stack)
 

@@ -59,6 +59,8 @@ def write_catalog(folder: Path, clusters: dict | None = None, models: dict | Non
 
 
 def stack_config(catalog: Path, **extra) -> dict:
-    config = {"spark-vllm:catalog": str(catalog), "spark-vllm:cluster": "c3", "spark-vllm:model": "big"}
+    # Preflight reaches real nodes over SSH; the mocks have none (tests/unit/test_preflight_checks.py judges its facts).
+    config = {"spark-vllm:catalog": str(catalog), "spark-vllm:cluster": "c3", "spark-vllm:model": "big",
+              "spark-vllm:preflight": {"enabled": False}}
     config.update({f"spark-vllm:{k}": v for k, v in extra.items()})
     return config

@@ -1,0 +1,269 @@
+"""Collects one node's facts for spark-vllm's preflight and prints them as one JSON object.
+
+Runs on the node itself, as `python3 - SPEC` over SSH with this file on stdin, and needs only the standard
+library. It judges nothing: components/preflight.py compares the facts of every node. A fact that cannot be
+gathered (a tool is missing, permission is denied) is reported as {"unavailable": why}, never guessed.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+MARK = "SPARK_VLLM_PREFLIGHT "
+# Run inside the image: what `vllm serve` will import, and the architectures its registry knows.
+INSIDE_IMAGE = """
+import json
+facts = {}
+try:
+    import ray
+    facts["ray"] = ray.__version__
+except Exception as e:
+    facts["rayError"] = type(e).__name__ + ": " + str(e)
+try:
+    import vllm
+    facts["vllm"] = vllm.__version__
+    from vllm import ModelRegistry
+    facts["archs"] = sorted(ModelRegistry.get_supported_archs())
+except Exception as e:
+    facts["vllmError"] = type(e).__name__ + ": " + str(e)
+print("%s" + json.dumps(facts))
+""" % MARK
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+CONFIG_KEYS = ("architectures", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "hidden_size", "max_position_embeddings", "torch_dtype")
+CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+
+
+class Unavailable(Exception):
+    """A fact that cannot be gathered here; the message says why."""
+
+
+def error_line(text):
+    """The line that says what went wrong: docker's own `docker: ...` line (a usage hint follows it), else the last."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return next((line for line in lines if line.startswith("docker: ")), lines[-1] if lines else "(no output)")
+
+
+def sh(argv, timeout):
+    """(returncode, stdout, stderr) of a bounded command; a missing tool or a hung one is Unavailable."""
+    if shutil.which(argv[0]) is None:
+        raise Unavailable(f"`{argv[0]}` is not installed")
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise Unavailable(f"`{' '.join(argv[:3])}` gave no answer within {timeout:g} s") from None
+    except PermissionError:
+        raise Unavailable(f"permission denied running `{argv[0]}`") from None
+    return done.returncode, done.stdout, done.stderr
+
+
+def docker(spec):
+    rc, out, err = sh(["docker", "version", "--format", "{{.Server.Version}}"], spec["stepTimeout"])
+    if rc != 0:
+        return {"error": error_line(err)}
+    rc, driver, err = sh(["docker", "info", "--format", "{{.Driver}}"], spec["stepTimeout"])
+    return {"server": out.strip(), "driver": driver.strip() if rc == 0 else f"unknown ({error_line(err)})"}
+
+
+def gpus(spec, image_present):
+    if spec["gpuProbe"]:
+        argv, source = ["sh", "-c", spec["gpuProbe"]], "gpuProbe"
+    elif shutil.which("nvidia-smi"):
+        argv, source = ["nvidia-smi", "-L"], "nvidia-smi"
+    elif spec["dockerGpus"] and image_present:
+        argv = ["docker", "run", "--rm", "--network", "none", "--gpus", spec["dockerGpus"], "--entrypoint",
+                "nvidia-smi", spec["image"], "-L"]
+        source = "runtime"
+    else:
+        raise Unavailable("`nvidia-smi` is not installed, and the NVIDIA runtime cannot be asked: " +
+                          ("docker.gpus is none" if not spec["dockerGpus"] else "the image is not on the node"))
+    rc, out, err = sh(argv, spec["stepTimeout"])
+    if rc != 0:
+        return {"source": source, "error": error_line(err or out)}
+    names = [re.sub(r"\s*\(UUID:.*$", "", line.split(":", 1)[1]).strip()
+             for line in out.splitlines() if re.match(r"\s*GPU \d+:", line)]
+    return {"source": source, "names": names}
+
+
+def fabric(spec):
+    rc, out, err = sh(["ip", "-j", "addr", "show"], spec["stepTimeout"])
+    if rc != 0:
+        raise Unavailable(f"`ip -j addr show` failed: {error_line(err)}")
+    links = json.loads(out)
+    addrs = {link["ifname"]: [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
+                              if a.get("family") == "inet"] for link in links}
+    link = next((link for link in links if link["ifname"] == spec["iface"]), None)
+    facts = {"addrs": addrs, "exists": link is not None}
+    if link is not None:
+        facts.update(up="UP" in link.get("flags", []) and link.get("operstate") != "DOWN",
+                     state=link.get("operstate", "UNKNOWN"), mtu=link.get("mtu"))
+    routes = {}
+    for name, ip in spec["peers"].items():
+        rc, out, err = sh(["ip", "-j", "route", "get", ip], spec["stepTimeout"])
+        if rc != 0:
+            routes[name] = {"error": error_line(err)}
+        else:
+            route = json.loads(out)[0]
+            routes[name] = {"dev": route.get("dev"), "src": route.get("prefsrc"), "via": route.get("gateway")}
+    facts["routes"] = routes
+    return facts
+
+
+def image(spec):
+    rc, out, err = sh(["docker", "image", "inspect", "--format", "{{.Id}}", spec["image"]], spec["stepTimeout"])
+    if rc != 0:
+        if "no such image" in err.lower():
+            return {"present": False}
+        raise Unavailable(f"`docker image inspect` failed: {error_line(err)}")
+    facts = {"present": True, "id": out.strip()}
+    rc, out, err = sh(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", spec["image"],
+                       "-c", INSIDE_IMAGE], spec["imageTimeout"])
+    found = [line[len(MARK):] for line in out.splitlines() if line.startswith(MARK)]
+    if rc != 0 or not found:
+        facts["inside"] = {"error": error_line(err or out)}
+    else:
+        facts["inside"] = json.loads(found[-1])
+    return facts
+
+
+def _raise(error):
+    raise error
+
+
+def model(spec):
+    root = spec["modelPath"]
+    if not os.path.isdir(root):
+        return {"exists": False, "isFile": os.path.exists(root)}
+    files = []
+    for folder, dirs, names in os.walk(root, onerror=_raise):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in names:
+            if not name.startswith("."):
+                path = os.path.join(folder, name)
+                files.append([os.path.relpath(path, root), os.stat(path).st_size])
+    files.sort()
+    facts = {"exists": True, "files": files}
+    config_path = os.path.join(root, "config.json")
+    if os.path.isfile(config_path):
+        with open(config_path) as f:
+            config = json.load(f)
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        # Multimodal checkpoints keep the language model's shape under text_config.
+        facts["config"] = {k: config.get(k, text.get(k)) for k in CONFIG_KEYS if k in config or k in text}
+    if spec["hashWeights"]:
+        facts["sha256"] = {name: sha256(os.path.join(root, name)) for name, _ in files
+                           if name.endswith(WEIGHT_SUFFIXES)}
+    return facts
+
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def memory(_spec):
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return {"totalKib": int(line.split()[1])}
+    raise Unavailable("/proc/meminfo has no MemTotal")
+
+
+def ports(spec):
+    rc, out, err = sh(["ss", "-H", "-t", "-l", "-n", "-p"], spec["stepTimeout"])
+    if rc != 0:
+        raise Unavailable(f"`ss -tlnp` failed: {error_line(err)}")
+    wanted = {int(p) for p in spec["ports"]}
+    held = {}
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or ":" not in fields[3]:
+            continue
+        port = int(fields[3].rsplit(":", 1)[1])
+        if port in wanted:
+            holders = held.setdefault(port, {})
+            for comm, pid in re.findall(r'\("([^"]*)",pid=(\d+)', line):
+                holders[int(pid)] = comm
+    containers = _containers(spec) if held else {}
+    facts = {}
+    for port in sorted(wanted):
+        if port not in held:
+            facts[str(port)] = {"free": True}
+        elif not held[port]:
+            facts[str(port)] = {"free": False, "hidden": True}  # ss shows owners only to root and to the owner
+        else:
+            facts[str(port)] = {"free": False, "holders": [{"pid": pid, "process": comm, **_owner(pid, containers)}
+                                                           for pid, comm in sorted(held[port].items())]}
+    return facts
+
+
+def _containers(spec):
+    """Running containers by id; without Docker, holders are named by their cgroup's container id alone."""
+    try:
+        rc, out, _ = sh(["docker", "ps", "--no-trunc", "--format",
+                         '{{.ID}}\t{{.Names}}\t{{.Label "spark-vllm.stack"}}'], spec["stepTimeout"])
+    except Unavailable:
+        return {}
+    found = {}
+    for line in out.splitlines() if rc == 0 else []:
+        cid, name, stack = (line.split("\t") + ["", ""])[:3]
+        found[cid] = {"container": name, "stack": stack}
+    return found
+
+
+def _owner(pid, containers):
+    """The Docker container a process runs in, from its cgroup path (v1 and v2 both hold the id); {} for none."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            match = CONTAINER_ID.search(f.read())
+    except OSError:
+        return {}
+    if not match:
+        return {}
+    return containers.get(match.group(0), {"container": match.group(0)[:12], "stack": ""})
+
+
+TIMINGS = {}  # seconds per fact, reported so slow nodes show which step was slow
+
+
+def gather(name, fn, *args):
+    start = time.monotonic()
+    try:
+        facts = fn(*args)
+    except Unavailable as e:
+        facts = {"unavailable": str(e)}
+    except PermissionError as e:
+        facts = {"unavailable": f"permission denied on {e.filename}"}
+    except (OSError, ValueError) as e:
+        facts = {"unavailable": f"{type(e).__name__}: {e}"}
+    TIMINGS[name] = round(time.monotonic() - start, 2)
+    return facts
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    facts = {"docker": gather("docker", docker, spec)}
+    docker_ok = "server" in facts["docker"]
+    if docker_ok:
+        facts["image"] = gather("image", image, spec)
+    facts["gpus"] = gather("gpus", gpus, spec, docker_ok and facts["image"].get("present", False))
+    facts["fabric"] = gather("fabric", fabric, spec)
+    facts["model"] = gather("model", model, spec)
+    facts["memory"] = gather("memory", memory, spec)
+    if spec["ports"]:
+        facts["ports"] = gather("ports", ports, spec)
+    facts["timings"] = TIMINGS
+    print(MARK + json.dumps(facts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,668 @@
+"""Preflight's judgement, facts -> table, for every check: pass, warn, fail and could-not-check, with exact messages.
+
+The facts are what components/remote/preflight_probe.py prints on a node; the lab runs the probe for real
+(tests/e2e/test_preflight.py). The probe's own fact-gathering is exercised here against this machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+
+import pulumi
+import pytest
+
+from components import config, preflight
+from components.preflight import Finding, evaluate
+from components.schema import ConfigError
+from components.spark_node import docker_ssh_opts
+from fixtures import cluster_with, stack_config, write_catalog
+from harness import ROOT, run_program
+
+GIB = 1 << 30
+IMAGE_ID = "sha256:" + "ab12" * 16
+OTHER_ID = "sha256:" + "cd34" * 16
+ARCHS = ["LlamaForCausalLM", "Qwen3ForCausalLM"]
+FABRIC = {"spark1": "192.168.200.1", "spark2": "192.168.200.2", "spark3": "192.168.200.3"}
+SHARDS = [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
+MODEL_FILES = [["config.json", 900], *[[name, 6 * GIB] for name in SHARDS], ["tokenizer.json", 1000]]
+# 64 layers x 8 KV heads x 128 x K,V x 2 bytes = 256 KiB a token; 8192 tokens = 2 GiB, a third on each node.
+MODEL_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 64, "num_key_value_heads": 8,
+                "head_dim": 128, "max_position_embeddings": 40960}
+NEED = "weights 6.0 GiB, KV for one 8192-token sequence 682.7 MiB, overhead 4.0 GiB"
+
+
+def deployment(tmp_path, serve=None, **checks):
+    cfg = stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True, **checks})
+    if serve:
+        cfg["spark-vllm:serve"] = serve
+    return config.load("test", cfg, set(), ROOT)
+
+
+def healthy() -> dict:
+    """Facts of the fixtures' three-node cluster (spark1 head; spark2 behind spark1) where every check passes."""
+    facts = {}
+    for name, ip in FABRIC.items():
+        facts[name] = {
+            "seconds": 1.2,
+            "docker": {"server": "28.0.1", "driver": "overlay2"},
+            "image": {"present": True, "id": IMAGE_ID, "inside": {"ray": "2.60.0", "vllm": "0.11.0", "archs": ARCHS}},
+            "gpus": {"source": "nvidia-smi", "names": ["NVIDIA GB10"]},
+            "fabric": {"exists": True, "up": True, "state": "UP", "mtu": 9000,
+                       "addrs": {"lo": ["127.0.0.1/8"], "enP7s7": ["10.10.10.1/24"], "enp1s0f1np1": [f"{ip}/24"]},
+                       "routes": {peer: {"dev": "enp1s0f1np1", "src": ip, "via": None}
+                                  for peer in FABRIC if peer != name}},
+            "model": {"exists": True, "files": copy.deepcopy(MODEL_FILES), "config": dict(MODEL_CONFIG)},
+            "memory": {"totalKib": 128 * 1024 * 1024},
+        }
+    facts["spark1"]["ports"] = {"6379": {"free": True}, "8265": {"free": True}, "8000": {"free": True}}
+    return facts
+
+
+def judged(d, facts) -> dict[tuple[str, str], Finding]:
+    return {(f.node, f.check): f for f in evaluate(d, facts)}
+
+
+def one(d, facts, node, check) -> tuple[str, str, str]:
+    f = judged(d, facts)[(node, check)]
+    return f.status, f.reason, f.fix
+
+
+def test_a_healthy_cluster_passes_every_check_on_every_node(tmp_path):
+    d = deployment(tmp_path)
+    table = judged(d, healthy())
+    assert all(f.status == "ok" for f in table.values()), [f for f in table.values() if f.status != "ok"]
+    assert set(table) == {(n, c) for n in FABRIC for c in preflight.CHECKS if c != "ports"} | {("spark1", "ports")}
+    assert table[("spark2", "ssh+docker")].reason == \
+        "ssh nvidia@192.168.200.2 via spark1; Docker 28.0.1, storage driver overlay2; probe took 1.2 s"
+    assert table[("spark1", "gpus")].reason == "1 GPU (NVIDIA GB10) from nvidia-smi -L"
+    assert table[("spark1", "fabric")].reason == \
+        "enp1s0f1np1 up, 192.168.200.1/24, MTU 9000; routes to spark2, spark3 leave through it"
+    assert table[("spark2", "image")].reason == "vllm:a is ab12ab12ab12, the same on every node"
+    assert table[("spark2", "ray+vllm")].reason == "ray 2.60.0, vllm 0.11.0"
+    assert table[("spark2", "architecture")].reason == "Qwen3ForCausalLM is supported by vLLM 0.11.0"
+    assert table[("spark1", "weights")].reason == \
+        "3 weight files, 18.0 GiB (contents not hashed: spark-vllm:preflight.hashWeights is off)"
+    assert table[("spark3", "weights")].reason == ("3 weight files, 18.0 GiB, the same names and sizes as spark1 "
+                                                   "(contents not hashed: spark-vllm:preflight.hashWeights is off)")
+    assert table[("spark2", "memory")].reason == (f"needs about 10.7 GiB ({NEED}) of 108.8 GiB (0.85 x 128.0 GiB)")
+    assert table[("spark1", "ports")].reason == "6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free"
+
+
+def test_the_ssh_row_names_the_slowest_step_of_the_probe(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["timings"] = {"docker": 0.1, "image": 0.83, "model": 0.02}
+    assert one(d, facts, "spark1", "ssh+docker") == (
+        "ok", "ssh nvidia@10.10.10.11; Docker 28.0.1, storage driver overlay2; probe took 1.2 s, the image facts 0.8 s "
+              "of it", "")
+
+
+# ---- settings ----
+
+def test_preflight_is_on_by_default_with_its_settings_validated(tmp_path):
+    cfg = stack_config(write_catalog(tmp_path / "catalog"))
+    del cfg["spark-vllm:preflight"]
+    d = config.load("test", cfg, set(), ROOT)
+    assert d.preflight == config.PreflightSpec(enabled=True, hash_weights=False, timeout_s=60)
+    assert d.cluster.gpu_probe is None
+    for bad, message in [
+        ({"enabled": "yes"}, "spark-vllm:preflight.enabled is 'yes'; expected true or false."),
+        ({"timeoutSeconds": 1}, "spark-vllm:preflight.timeoutSeconds is 1; expected a whole number from 5 to 14400."),
+        ({"hashWeight": True}, "spark-vllm:preflight.hashWeight (True) is not a known key; expected one of the known "
+                               "keys: enabled, hashWeights, timeoutSeconds."),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            config.load("test", {**cfg, "spark-vllm:preflight": bad}, set(), ROOT)
+        assert str(err.value) == f"Pulumi.test.yaml: {message}"
+
+
+def test_the_clusters_gpu_stand_in_is_read_from_the_catalog(tmp_path):
+    clusters = cluster_with(lambda c: c.update(preflight={"gpuProbe": "echo 'GPU 0: stand-in'"}))
+    d = config.load("test", stack_config(write_catalog(tmp_path / "catalog", clusters)), set(), ROOT)
+    assert d.cluster.gpu_probe == "echo 'GPU 0: stand-in'"
+    assert preflight.probe_spec(d, d.cluster.head)["gpuProbe"] == "echo 'GPU 0: stand-in'"
+    bad = cluster_with(lambda c: c.update(preflight={"gpuProbe": ""}))
+    with pytest.raises(ConfigError, match=r"c3.preflight.gpuProbe is ''; expected a shell command"):
+        config.load("test", stack_config(write_catalog(tmp_path / "bad", bad)), set(), ROOT)
+
+
+# ---- ssh+docker ----
+
+def test_ssh_failure_through_the_jump_host_names_both_and_skips_that_nodes_other_checks(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"] = {"sshError": "failed: ssh: connect to host 192.168.200.2 port 22: No route to host"}
+    table = judged(d, facts)
+    f = table[("spark2", "ssh+docker")]
+    assert (f.status, f.reason, f.fix) == (
+        "fail", "ssh nvidia@192.168.200.2 via spark1 failed: ssh: connect to host 192.168.200.2 port 22: No route "
+                "to host; the other checks did not run there",
+        "check the host, user and key in the cluster catalog and that spark1 can reach 192.168.200.2")
+    assert [c for n, c in table if n == "spark2"] == ["ssh+docker"]
+    # The others are still judged, and compared among themselves.
+    assert table[("spark3", "weights")].status == "ok"
+
+
+def test_ssh_timeout_names_the_setting(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark3"] = {"sshError": "gave no answer within 60 s (spark-vllm:preflight.timeoutSeconds)"}
+    assert one(d, facts, "spark3", "ssh+docker") == (
+        "fail", "ssh nvidia@10.10.10.13 gave no answer within 60 s (spark-vllm:preflight.timeoutSeconds); the other "
+                "checks did not run there", "check the host, user and key in the cluster catalog")
+
+
+def test_a_node_without_python_could_not_be_checked_which_is_not_a_pass(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark3"] = {"probeError": "python3 is not installed on the node", "seconds": 0.4}
+    assert one(d, facts, "spark3", "ssh+docker") == (
+        "warn", "could not check: python3 is not installed on the node, so no check ran there",
+        "install python3 on the node, or set spark-vllm:preflight.enabled to false")
+
+
+@pytest.mark.parametrize("docker,reason,fix", [
+    ({"unavailable": "`docker` is not installed"}, "docker: `docker` is not installed",
+     "install Docker with the NVIDIA container runtime"),
+    ({"error": "permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock"},
+     "Docker does not answer: permission denied while trying to connect to the Docker daemon socket at "
+     "unix:///var/run/docker.sock", "add nvidia to the docker group (`sudo usermod -aG docker nvidia`)"),
+    ({"error": "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"},
+     "Docker does not answer: Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker "
+     "daemon running?", "start the Docker daemon (`sudo systemctl start docker`)"),
+])
+def test_docker_that_does_not_answer_fails(tmp_path, docker, reason, fix):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark3"]["docker"] = docker
+    del facts["spark3"]["image"]  # the probe skips the image when Docker does not answer
+    assert one(d, facts, "spark3", "ssh+docker") == ("fail", reason, fix)
+    assert one(d, facts, "spark3", "image") == ("warn", "could not check: Docker does not answer", "")
+    assert one(d, facts, "spark3", "ray+vllm") == ("warn", "could not check: Docker does not answer", "")
+
+
+# ---- gpus ----
+
+def test_gpus_from_the_catalogs_stand_in_say_so(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["gpus"] = {"source": "gpuProbe", "names": ["NVIDIA GB10 (lab stand-in)"]}
+    assert one(d, facts, "spark1", "gpus") == (
+        "ok", "1 GPU (NVIDIA GB10 (lab stand-in)) from preflight.gpuProbe of the cluster catalog, a stand-in for "
+              "nvidia-smi -L", "")
+
+
+def test_too_few_gpus_fail(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["gpus"] = {"source": "runtime", "names": []}
+    assert one(d, facts, "spark2", "gpus") == (
+        "fail", "0 GPUs from nvidia-smi -L through the NVIDIA container runtime; ray.gpusPerNode is 1",
+        "check the NVIDIA driver (nvidia-smi), or lower ray.gpusPerNode")
+
+
+def test_a_failing_nvidia_smi_fails(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["gpus"] = {"source": "nvidia-smi", "error": "NVIDIA-SMI has failed because it couldn't "
+                                                                "communicate with the NVIDIA driver."}
+    assert one(d, facts, "spark2", "gpus") == (
+        "fail", "nvidia-smi -L failed: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+        "check the NVIDIA driver: run nvidia-smi on the node")
+
+
+def test_gpus_that_cannot_be_listed_could_not_be_checked(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["gpus"] = {"unavailable": "`nvidia-smi` is not installed, and the NVIDIA runtime cannot be "
+                                              "asked: docker.gpus is none"}
+    assert one(d, facts, "spark2", "gpus") == (
+        "warn", "could not check: `nvidia-smi` is not installed, and the NVIDIA runtime cannot be asked: docker.gpus "
+                "is none", "install the NVIDIA driver's nvidia-smi on the node")
+
+
+# ---- fabric ----
+
+def test_a_missing_fabric_interface_fails_listing_the_interfaces(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["fabric"].update(exists=False, addrs={"lo": [], "enP7s7": ["10.10.10.2/24"]})
+    assert one(d, facts, "spark2", "fabric") == (
+        "fail", "enp1s0f1np1 does not exist (interfaces: enP7s7, lo)",
+        "set fabricInterface in the cluster catalog to the fabric port (`ibdev2netdev` shows it)")
+
+
+def test_a_fabric_interface_that_is_down_fails(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["fabric"].update(up=False, state="DOWN")
+    assert one(d, facts, "spark2", "fabric") == (
+        "fail", "enp1s0f1np1 is down", "bring it up (`sudo ip link set enp1s0f1np1 up`) and check the cable")
+
+
+def test_a_wrong_fabric_ip_names_the_address_the_interface_holds(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["fabric"]["addrs"]["enp1s0f1np1"] = ["192.168.200.12/24"]
+    assert one(d, facts, "spark2", "fabric") == (
+        "fail", "enp1s0f1np1 holds 192.168.200.12/24, not fabricIp 192.168.200.2",
+        "set spark2's fabricIp to 192.168.200.12 in the cluster catalog, or add 192.168.200.2 to enp1s0f1np1")
+
+
+def test_a_fabric_ip_that_is_on_the_management_port_is_named(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    addrs = facts["spark3"]["fabric"]["addrs"]
+    addrs.update(enp1s0f1np1=[], enP7s7=["192.168.200.3/24"])
+    assert one(d, facts, "spark3", "fabric") == (
+        "fail", "enp1s0f1np1 holds no IPv4 address, not fabricIp 192.168.200.3; 192.168.200.3 is on enP7s7, not the "
+                "fabric", "add 192.168.200.3 to enp1s0f1np1 (`sudo ip addr add 192.168.200.3/24 dev enp1s0f1np1`)")
+
+
+def test_a_peer_reached_over_the_management_network_is_the_seeds_first_failure(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["fabric"]["routes"]["spark3"] = {"dev": "enP7s7", "src": "10.10.10.1", "via": "10.10.10.254"}
+    assert one(d, facts, "spark1", "fabric") == (
+        "fail", "traffic to spark3 (192.168.200.3) leaves through enP7s7 (from 10.10.10.1), not enp1s0f1np1: Ray and "
+                "NCCL would use the management network, the seed's first failure",
+        "give enp1s0f1np1 an address in spark3's fabric subnet, or fix spark3's fabricIp")
+
+
+def test_no_route_to_a_peer_and_a_wrong_source_address_fail_together(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    routes = facts["spark3"]["fabric"]["routes"]
+    routes["spark1"] = {"error": "RTNETLINK answers: Network is unreachable"}
+    routes["spark2"] = {"dev": "enp1s0f1np1", "src": "192.168.200.33", "via": None}
+    assert one(d, facts, "spark3", "fabric") == (
+        "fail", "no route to spark1 (192.168.200.1): RTNETLINK answers: Network is unreachable; traffic to spark2 "
+                "(192.168.200.2) leaves enp1s0f1np1 from 192.168.200.33, not fabricIp 192.168.200.3",
+        "give enp1s0f1np1 an address in spark1's fabric subnet; make 192.168.200.3 the primary address of enp1s0f1np1")
+
+
+def test_an_mtu_unlike_the_heads_warns(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["fabric"]["mtu"] = 1500
+    assert one(d, facts, "spark2", "fabric") == (
+        "warn", "enp1s0f1np1 up, 192.168.200.2/24, MTU 1500; routes to spark1, spark3 leave through it; but spark1's "
+                "MTU is 9000", "set the same MTU (9000 on Sparks) on enp1s0f1np1 of every node")
+
+
+def test_fabric_without_ip_tools_could_not_be_checked(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["fabric"] = {"unavailable": "`ip` is not installed"}
+    assert one(d, facts, "spark2", "fabric") == (
+        "warn", "could not check: `ip` is not installed", "install iproute2 on the node")
+
+
+# ---- image ----
+
+def test_an_image_missing_on_a_worker_fails_with_the_copy_command(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark3"]["image"] = {"present": False}
+    assert one(d, facts, "spark3", "image") == (
+        "fail", "vllm:a is not on spark3",
+        "put it there: on spark1: docker save vllm:a | ssh nvidia@192.168.200.3 docker load")
+    assert one(d, facts, "spark3", "ray+vllm") == ("warn", "could not check: the image is not on the node", "")
+    assert one(d, facts, "spark3", "architecture") == (
+        "warn", "could not check: the image's vLLM registry could not be read", "")
+
+
+def test_an_image_id_that_differs_from_the_heads_fails(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["image"]["id"] = OTHER_ID
+    assert one(d, facts, "spark2", "image") == (
+        "fail", "spark2 has vllm:a as cd34cd34cd34, spark1 as ab12ab12ab12",
+        "put the same build on every node: on spark1: docker save vllm:a | ssh nvidia@192.168.200.2 docker load")
+
+
+def test_without_the_image_on_the_head_the_first_node_that_has_it_is_the_reference(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["image"] = {"present": False}
+    facts["spark3"]["image"]["id"] = OTHER_ID
+    table = judged(d, facts)
+    assert (table[("spark1", "image")].reason, table[("spark1", "image")].fix) == (
+        "vllm:a is not on spark1", "put it there: on spark2: docker save vllm:a | ssh nvidia@192.168.200.1 docker load")
+    assert table[("spark3", "image")].reason == "spark3 has vllm:a as cd34cd34cd34, spark2 as ab12ab12ab12"
+
+
+def test_an_image_that_cannot_be_inspected_could_not_be_checked(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark3"]["image"] = {"unavailable": "`docker image inspect` gave no answer within 15 s"}
+    assert one(d, facts, "spark3", "image") == (
+        "warn", "could not check: `docker image inspect` gave no answer within 15 s", "")
+    assert one(d, facts, "spark3", "ray+vllm") == (
+        "warn", "could not check: `docker image inspect` gave no answer within 15 s", "")
+
+
+# ---- ray+vllm ----
+
+def test_an_image_without_ray_fails_naming_the_ngc_change(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    inside = facts["spark1"]["image"]["inside"]
+    del inside["ray"]
+    inside["rayError"] = "ModuleNotFoundError: No module named 'ray'"
+    assert one(d, facts, "spark1", "ray+vllm") == (
+        "fail", "the image has no Ray (ModuleNotFoundError: No module named 'ray')",
+        "add Ray to the image (`pip install ray[default]`); NGC vLLM images from 26.04 on lack it")
+
+
+def test_an_image_without_vllm_fails(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["image"]["inside"] = {"ray": "2.60.0", "vllmError": "ModuleNotFoundError: No module named 'vllm'"}
+    assert one(d, facts, "spark1", "ray+vllm") == (
+        "fail", "the image has no working vLLM (ModuleNotFoundError: No module named 'vllm')", "use a vLLM image")
+    assert one(d, facts, "spark1", "architecture") == (
+        "warn", "could not check: the image's vLLM registry could not be read", "")
+
+
+def test_an_image_where_python_does_not_run_fails(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["image"]["inside"] = {"error": "docker: Error response from daemon: failed to create task: exec: "
+                                                   "\"python3\": executable file not found in $PATH: unknown."}
+    assert one(d, facts, "spark1", "ray+vllm") == (
+        "fail", "python3 does not run in vllm:a: docker: Error response from daemon: failed to create task: exec: "
+                "\"python3\": executable file not found in $PATH: unknown.", "use an image with python3, Ray and vLLM")
+
+
+# ---- architecture ----
+
+def test_an_architecture_missing_from_the_images_registry_fails(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    for f in facts.values():
+        f["model"]["config"]["architectures"] = ["Qwen3_5MoeForConditionalGeneration"]
+    assert one(d, facts, "spark2", "architecture") == (
+        "fail", "Qwen3_5MoeForConditionalGeneration (from config.json) is not in the registry of the image's vLLM "
+                "0.11.0", "use an image whose vLLM supports Qwen3_5MoeForConditionalGeneration, or another model")
+
+
+def test_any_supported_architecture_of_several_passes(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["model"]["config"]["architectures"] = ["NoSuchArch", "LlamaForCausalLM"]
+    assert one(d, facts, "spark2", "architecture") == (
+        "ok", "NoSuchArch, LlamaForCausalLM is supported by vLLM 0.11.0", "")
+
+
+def test_a_checkpoint_without_config_or_architectures_fails(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    del facts["spark2"]["model"]["config"]
+    facts["spark3"]["model"]["config"]["architectures"] = []
+    assert one(d, facts, "spark2", "architecture") == (
+        "fail", "/models/big/config.json is missing", "copy the complete checkpoint, config.json included")
+    assert one(d, facts, "spark3", "architecture") == (
+        "fail", "/models/big/config.json names no architectures",
+        "use a Hugging Face checkpoint whose config.json lists its architectures")
+
+
+def test_architecture_without_the_weights_could_not_be_checked(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark3"]["model"] = {"exists": False, "isFile": False}
+    assert one(d, facts, "spark3", "architecture") == ("warn", "could not check: /models/big is not on the node", "")
+
+
+# ---- weights ----
+
+RSYNC = ("copy them from spark1 over the fabric: on spark1, rsync -a --progress /models/big/ "
+         "nvidia@192.168.200.2:/models/big/")
+
+
+def test_a_missing_shard_names_the_node_and_the_shard(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
+    assert one(d, facts, "spark2", "weights") == (
+        "fail", "spark2 lacks model-00003-of-00003.safetensors", RSYNC)
+
+
+def test_many_missing_files_are_counted_and_sizes_that_differ_are_named(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    for f in facts.values():
+        f["model"]["files"] += [[f"extra-{k}.bin", 10] for k in range(5)]
+    facts["spark2"]["model"]["files"] = [["config.json", 900], [SHARDS[0], 5 * GIB], [SHARDS[1], 6 * GIB]]
+    assert one(d, facts, "spark2", "weights") == (
+        "fail", "spark2 lacks extra-0.bin, extra-1.bin, extra-2.bin and 4 more; spark2's model-00001-of-00003."
+                "safetensors is 5.0 GiB, spark1's is 6.0 GiB", RSYNC)
+
+
+def test_extra_files_on_a_worker_warn(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["model"]["files"].append(["model-00004-of-00003.safetensors", 1024])
+    assert one(d, facts, "spark2", "weights") == (
+        "warn", "4 weight files, 18.0 GiB: every file of spark1, the same size, and also "
+                "model-00004-of-00003.safetensors (contents not hashed: spark-vllm:preflight.hashWeights is off)",
+        "remove what spark1 does not have, so every node loads the same files")
+
+
+def test_weights_missing_on_a_worker_fail_with_the_copy_command(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["model"] = {"exists": False, "isFile": False}
+    assert one(d, facts, "spark2", "weights") == ("fail", "/models/big is not there on spark2", RSYNC)
+
+
+def test_weights_missing_everywhere_fail_without_a_source(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    for f in facts.values():
+        f["model"] = {"exists": False, "isFile": False}
+    assert one(d, facts, "spark1", "weights") == (
+        "fail", "/models/big is not there on spark1", "put the model's weights at /models/big on every node")
+    assert one(d, facts, "spark1", "memory") == (
+        "warn", "could not check: no node has the weights, so their size is unknown", "")
+
+
+def test_a_path_that_is_a_file_or_holds_no_weights_fails(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["model"] = {"exists": False, "isFile": True}
+    facts["spark3"]["model"]["files"] = [["config.json", 900]]
+    assert one(d, facts, "spark1", "weights") == (
+        "fail", "/models/big is a file, not a folder on spark1",
+        "copy them from spark2 over the fabric: on spark2, rsync -a --progress /models/big/ "
+        "nvidia@192.168.200.1:/models/big/")
+    assert one(d, facts, "spark3", "weights") == (
+        "fail", "/models/big holds no *.safetensors, *.bin or *.pt files",
+        "copy them from spark2 over the fabric: on spark2, rsync -a --progress /models/big/ "
+        "nvidia@192.168.200.3:/models/big/")
+
+
+def test_hashed_weights_name_a_shard_whose_contents_differ(tmp_path):
+    d, facts = deployment(tmp_path, hashWeights=True), healthy()
+    for f in facts.values():
+        f["model"]["sha256"] = {name: "0" * 64 for name in SHARDS}
+    facts["spark2"]["model"]["sha256"][SHARDS[1]] = "1" * 64
+    table = judged(d, facts)
+    assert table[("spark1", "weights")].reason == "3 weight files, 18.0 GiB; 3 SHA-256 sums taken"
+    assert table[("spark3", "weights")].reason == \
+        "3 weight files, 18.0 GiB, the same names and sizes as spark1; SHA-256 the same as spark1's"
+    f = table[("spark2", "weights")]
+    assert (f.status, f.reason, f.fix) == (
+        "fail", "spark2's model-00002-of-00003.safetensors differs from spark1's (SHA-256)", RSYNC)
+
+
+def test_unreadable_weights_could_not_be_checked(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark3"]["model"] = {"unavailable": "permission denied on /models/big"}
+    assert one(d, facts, "spark3", "weights") == (
+        "warn", "could not check: permission denied on /models/big", "let nvidia read /models/big")
+    assert one(d, facts, "spark3", "architecture") == ("warn", "could not check: permission denied on /models/big", "")
+
+
+# ---- memory ----
+
+def test_a_model_that_does_not_fit_fails(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark3"]["memory"] = {"totalKib": 12 * 1024 * 1024}
+    assert one(d, facts, "spark3", "memory") == (
+        "fail", f"needs about 10.7 GiB ({NEED}) of 10.2 GiB (0.85 x 12.0 GiB): it does not fit",
+        "spread the model over more nodes, or lower maxModelLen, or raise gpuMemoryUtilization "
+        "(at most 0.86 on a GB10)")
+
+
+def test_utilization_above_the_gb10_start_up_limit_warns(tmp_path):
+    d, facts = deployment(tmp_path, serve={"gpuMemoryUtilization": 0.87}), healthy()
+    assert one(d, facts, "spark1", "memory") == (
+        "warn", f"needs about 10.7 GiB ({NEED}) of 111.4 GiB (0.87 x 128.0 GiB); gpuMemoryUtilization 0.87 is "
+                "above 0.86 on a unified-memory GB10: only about 101-102 GiB of 121.69 GiB is free at boot, so vLLM's "
+                "start-up check fails",
+        "set spark-vllm:serve.gpuMemoryUtilization to 0.85")
+    facts["spark1"]["gpus"]["names"] = ["NVIDIA H100 80GB HBM3"]  # not unified: vLLM checks the GPU's own memory
+    assert one(d, facts, "spark1", "memory")[0] == "ok"
+
+
+def test_cuda_graphs_at_high_utilization_warn(tmp_path):
+    d, facts = deployment(tmp_path, serve={"enforceEager": False, "maxModelLen": None}), healthy()
+    # Without maxModelLen the KV estimate takes config.json's max_position_embeddings (40960: 10 GiB, a third here).
+    assert one(d, facts, "spark1", "memory") == (
+        "warn", "needs about 13.3 GiB (weights 6.0 GiB, KV for one 40960-token sequence 3.3 GiB, overhead 4.0 GiB) "
+                "of 108.8 GiB (0.85 x 128.0 GiB); enforceEager is off at gpuMemoryUtilization 0.85: CUDA graph "
+                "capture needs headroom (the seed's load was killed at 95 % memory)",
+        "set spark-vllm:serve.enforceEager to true, or gpuMemoryUtilization to at most 0.8")
+
+
+def test_memory_without_the_kv_shape_says_so(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    del facts["spark1"]["model"]["config"]["num_key_value_heads"]
+    assert one(d, facts, "spark2", "memory") == (
+        "ok", "needs about 10.0 GiB (weights 6.0 GiB, KV not estimated, overhead 4.0 GiB) of 108.8 GiB "
+              "(0.85 x 128.0 GiB)", "")
+
+
+def test_memory_without_meminfo_could_not_be_checked(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["memory"] = {"unavailable": "/proc/meminfo has no MemTotal"}
+    assert one(d, facts, "spark2", "memory") == ("warn", "could not check: /proc/meminfo has no MemTotal", "")
+
+
+# ---- ports ----
+
+def holder(process, pid, container=None, stack=None):
+    return {"pid": pid, "process": process, **({"container": container, "stack": stack or ""} if container else {})}
+
+
+def test_ports_held_by_this_stacks_own_containers_pass(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["ports"] = {
+        "6379": {"free": False, "holders": [holder("gcs_server", 41, "spark-vllm-test-ray-head", "test")]},
+        "8265": {"free": False, "holders": [holder("python3", 42, "spark-vllm-test-ray-head", "test")]},
+        "8000": {"free": True}}
+    assert one(d, facts, "spark1", "ports") == (
+        "ok", "6379 (Ray GCS) held by this stack's spark-vllm-test-ray-head; 8265 (dashboard) held by this stack's "
+              "spark-vllm-test-ray-head; 8000 (API) free", "")
+
+
+def test_ports_held_by_others_fail_naming_the_holder_and_the_fix(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["ports"] = {
+        "6379": {"free": False, "holders": [holder("gcs_server", 41, "spark-vllm-gpt-oss-ray-head", "gpt-oss")]},
+        "8265": {"free": False, "holders": [holder("python3", 42, "ray-by-hand")]},
+        "8000": {"free": False, "holders": [holder("vllm", 43)]}}
+    assert one(d, facts, "spark1", "ports") == (
+        "fail", "6379 (Ray GCS) is held by gcs_server (pid 41) in spark-vllm-gpt-oss-ray-head of stack gpt-oss; "
+                "8265 (dashboard) is held by python3 (pid 42) in container ray-by-hand; 8000 (API) is held by vllm "
+                "(pid 43), outside any container",
+        "destroy that stack first (`pulumi destroy -s gpt-oss`), or change ray.port; stop it (`docker stop "
+        "ray-by-hand`), or change ray.dashboardPort; stop that process, or change api.port")
+
+
+def test_a_port_whose_owner_is_hidden_could_not_be_checked(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["ports"]["8000"] = {"free": False, "hidden": True}
+    assert one(d, facts, "spark1", "ports") == (
+        "warn", "6379 (Ray GCS) free; 8265 (dashboard) free; could not check: 8000 (API) is in use, and ss shows its "
+                "owner only to root", "see who holds it: `sudo ss -tlnp 'sport = :8000'`")
+
+
+def test_ports_without_ss_could_not_be_checked(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["ports"] = {"unavailable": "`ss` is not installed"}
+    assert one(d, facts, "spark1", "ports") == (
+        "warn", "could not check: `ss` is not installed", "install iproute2 (ss) on the node")
+
+
+# ---- the table, and the program ----
+
+def test_the_table_lists_every_finding_with_its_fix(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
+    lines = preflight.render(evaluate(d, facts)).splitlines()
+    assert lines[0].split() == ["node", "check", "result"]
+    assert "spark2  weights       FAIL    spark2 lacks model-00003-of-00003.safetensors. Fix: " + RSYNC in lines
+    assert "spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free" in lines
+    assert len(lines) == 1 + 3 * 8 + 1
+
+
+def test_a_failure_stops_the_program_before_any_resource_with_the_whole_table(tmp_path, monkeypatch):
+    facts = healthy()
+    facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
+    facts["spark3"]["image"]["id"] = OTHER_ID
+    probed = []
+    monkeypatch.setattr(preflight, "probe", lambda d, node: probed.append(node.name) or facts[node.name])
+    cfg = stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True})
+    with pytest.raises(pulumi.RunError) as err:
+        run_program(cfg)
+    message = str(err.value)
+    assert sorted(probed) == ["spark1", "spark2", "spark3"]
+    assert message.startswith("preflight of 3 nodes took ") and ": 2 failed, 0 warnings; nothing was deployed or "\
+        "changed.\n" in message
+    assert "spark2 lacks model-00003-of-00003.safetensors" in message
+    assert "spark3 has vllm:a as cd34cd34cd34, spark1 as ab12ab12ab12" in message
+    assert "Traceback" not in message
+
+
+def test_a_clean_preflight_lets_the_program_register_everything(tmp_path, monkeypatch):
+    facts = healthy()
+    monkeypatch.setattr(preflight, "probe", lambda d, node: facts[node.name])
+    recording = run_program(stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True}))
+    assert "serve-ready-gate" in recording.names()
+
+
+def test_preflight_off_probes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(preflight, "probe", lambda d, node: pytest.fail("probed with preflight off"))
+    assert "serve-ready-gate" in run_program(stack_config(write_catalog(tmp_path / "catalog"))).names()
+
+
+def test_the_probe_is_sent_with_the_docker_providers_ssh_options(tmp_path, monkeypatch):
+    d = deployment(tmp_path, timeoutSeconds=7)
+    calls = []
+
+    class Done:
+        returncode, stdout, stderr = 0, preflight.MARK + json.dumps({"docker": {}}) + "\n", ""
+
+    monkeypatch.setattr(preflight.subprocess, "run", lambda argv, **kw: calls.append((argv, kw)) or Done())
+    assert preflight.probe(d, d.cluster.node("spark2"))["docker"] == {}
+    argv, kw = calls[0]
+    assert argv[:-3] == ["ssh", *docker_ssh_opts(d.cluster.ssh, d.cluster.node("spark1")), "-p"]
+    assert any(o.startswith("ProxyCommand=ssh ") and o.endswith(" -W %h:%p nvidia@10.10.10.11") for o in argv)
+    assert argv[-2] == "nvidia@192.168.200.2" and argv[-1].startswith("python3 - ")
+    spec = json.loads(argv[-1][len("python3 - "):].strip("'"))
+    assert spec["peers"] == {"spark1": "192.168.200.1", "spark3": "192.168.200.3"} and spec["ports"] == []
+    assert kw["timeout"] == 7 and kw["input"].startswith('"""Collects one node')
+
+
+# ---- the probe's own fact-gathering, on this machine ----
+
+def load_probe():
+    spec = importlib.util.spec_from_file_location("preflight_probe", ROOT / "components/remote/preflight_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_probe_lists_the_weights_and_reads_the_text_config(tmp_path):
+    probe = load_probe()
+    root = tmp_path / "model"
+    (root / "sub").mkdir(parents=True)
+    (root / ".cache").mkdir()
+    (root / ".cache" / "lock").write_text("x")
+    (root / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5MoeForConditionalGeneration"],
+                                                  "text_config": {"num_hidden_layers": 48, "head_dim": 256}}))
+    (root / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 100)
+    (root / "sub" / "extra.bin").write_bytes(b"\1" * 7)
+    facts = probe.model({"modelPath": str(root), "hashWeights": True})
+    assert facts["files"] == [["config.json", len((root / "config.json").read_text())],
+                              ["model-00001-of-00001.safetensors", 100], ["sub/extra.bin", 7]]
+    assert facts["config"] == {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "num_hidden_layers": 48,
+                               "head_dim": 256}
+    assert facts["sha256"] == {"model-00001-of-00001.safetensors": hashlib.sha256(b"\0" * 100).hexdigest(),
+                               "sub/extra.bin": hashlib.sha256(b"\1" * 7).hexdigest()}
+    assert probe.model({"modelPath": str(tmp_path / "none"), "hashWeights": False}) == {"exists": False,
+                                                                                          "isFile": False}
+
+
+def test_the_probe_reports_a_missing_tool_as_unavailable():
+    probe = load_probe()
+    assert probe.gather("x", probe.sh, ["no-such-tool-here", "-L"], 5) == {"unavailable": "`no-such-tool-here` is "
+                                                                                          "not installed"}
+
+
+def test_the_probe_runs_the_catalogs_gpu_stand_in():
+    probe = load_probe()
+    spec = {"gpuProbe": "echo 'GPU 0: NVIDIA GB10 (UUID: GPU-1234)'; echo 'GPU 1: NVIDIA GB10 (stand-in)'",
+            "dockerGpus": None, "stepTimeout": 5}
+    assert probe.gpus(spec, False) == {"source": "gpuProbe", "names": ["NVIDIA GB10", "NVIDIA GB10 (stand-in)"]}
