@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
 
 import pytest
 
+from conftest import node_sh
 from stack import LabStack, chat
 
 
@@ -75,3 +77,49 @@ def test_a_killed_up_is_recovered_by_the_documented_commands(stack):
     stack.up()
     stack.up("--expect-no-changes")
     assert_serving(stack)
+
+
+def test_a_rebooted_node_is_repaired_by_up_refresh(stack):
+    before = stack.outputs()["containerIds"]
+    subprocess.run(["docker", "restart", "svl-lab-node2"], check=True, capture_output=True, timeout=120)
+    wait_for_ssh(stack)
+    stack.up("--refresh")
+    after = stack.outputs()["containerIds"]
+    assert after["node1"] == before["node1"] and after["node2"] != before["node2"]
+    assert_serving(stack)
+
+
+def test_ssh_cut_to_node2_fails_bounded_naming_the_node_then_converges(stack):
+    stack.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][1].update(env={"NCCL_DEBUG": "WARN"}))
+    # Cut the hop: node1, the jump host, can no longer reach node2.
+    node_sh(1, "ip route add unreachable 10.87.200.12/32")
+    try:
+        run = stack.up(check=False)
+    finally:
+        node_sh(1, "ip route del unreachable 10.87.200.12/32")
+    assert run.returncode != 0 and run.seconds < 180
+    # Preflight reaches every node before anything is touched, and names the node and its jump host.
+    assert re.search(r"node2\s+ssh\+docker\s+FAIL\s+ssh root@10\.87\.200\.12 via node1 failed", run.output), run.output
+    stack.up()
+    stack.up("--expect-no-changes")
+    assert_serving(stack)
+
+
+def test_an_image_missing_on_a_node_is_named(stack):
+    image = "spark-vllm-lab/ray-vllm:2.60.0-double1"
+    node_sh(2, f"docker tag {image} svl-flt-keep:1 && docker rmi {image}")
+    try:
+        run = stack.up("--refresh", check=False)
+    finally:
+        node_sh(2, f"docker tag svl-flt-keep:1 {image} && docker rmi svl-flt-keep:1")
+    assert run.returncode != 0
+    assert image in run.output and "10.87.200.12" in run.output, run.output
+    stack.up("--refresh")
+    assert_serving(stack)
+
+
+def wait_for_ssh(stack: LabStack, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while node_sh(2, "pgrep -x sshd >/dev/null && docker info >/dev/null && echo up", check=False).strip() != "up":
+        assert time.monotonic() < deadline, "node2 did not come back"
+        time.sleep(1)
