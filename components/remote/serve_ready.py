@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import sys
 import time
 import urllib.error
@@ -29,7 +30,7 @@ def api_key(env_file):
         with open(env_file) as f:
             for line in f:
                 if line.startswith("VLLM_API_KEY="):
-                    return line.split("=", 1)[1].strip().strip("'")
+                    return shlex.split(line.split("=", 1)[1])[0]  # written with shlex.quote
     except OSError:
         pass
     return None

@@ -88,6 +88,15 @@ def test_serve_stop_ends_the_whole_process_group_and_ignores_zombies(tmp_path):
     assert subprocess.run(["sh", "-c", stop, "serve-stop", str(pid_file), str(env_file)]).returncode == 0
 
 
+def test_serve_ready_reads_back_a_quoted_api_key(tmp_path):
+    from components.remote.serve_ready import api_key
+
+    value = "it's a $key"
+    env_file = tmp_path / "serve.env"
+    env_file.write_text(start_script({"apiKey": value}).split("<<'SPARK_VLLM_ENV'\n", 1)[1].split("\n", 1)[0] + "\n")
+    assert api_key(str(env_file)) == value
+
+
 def test_secret_env_survives_shell_quoting(tmp_path):
     value = "it's a \"key\" with $dollars and `ticks`"
     script = start_script({"apiKey": value, "hfToken": "hf_abc"})
