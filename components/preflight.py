@@ -22,7 +22,7 @@ import pulumi
 from .config import Deployment, NodeSpec
 from .ray_node import container_name
 from .remote import script
-from .spark_node import docker_ssh_opts
+from .spark_node import ssh_argv
 
 MARK = "SPARK_VLLM_PREFLIGHT "
 GIB = 1 << 30
@@ -84,8 +84,7 @@ def ssh_target(d: Deployment, node: NodeSpec) -> str:
 def probe(d: Deployment, node: NodeSpec) -> dict:
     """One node's facts; {"sshError": why} when SSH fails, {"probeError": why} when the probe cannot run."""
     jump = d.cluster.node(node.via) if node.via else None
-    argv = ["ssh", *docker_ssh_opts(d.cluster.ssh, jump), "-p", str(node.ssh_port),
-            f"{node.ssh_user}@{node.ssh_host}", "python3 - " + shlex.quote(json.dumps(probe_spec(d, node)))]
+    argv = ssh_argv(d.cluster.ssh, node, jump, "python3 - " + shlex.quote(json.dumps(probe_spec(d, node))))
     start = time.monotonic()
     try:
         done = subprocess.run(argv, input=script("preflight_probe.py"), capture_output=True, text=True,

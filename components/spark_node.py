@@ -42,6 +42,12 @@ def docker_ssh_opts(ssh: SshSpec, jump: Optional[NodeSpec]) -> list[str]:
     return opts
 
 
+def ssh_argv(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str) -> list[str]:
+    """The local `ssh` command line that runs `command` on `node`, as the Docker provider reaches it."""
+    return ["ssh", *docker_ssh_opts(ssh, jump), "-p", str(node.ssh_port), f"{node.ssh_user}@{node.ssh_host}",
+            "--", command]
+
+
 class SparkNode(pulumi.ComponentResource):
     """A Spark reached over SSH: `provider` runs containers on it, `connection` runs commands on it."""
 

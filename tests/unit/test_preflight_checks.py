@@ -617,9 +617,10 @@ def test_the_probe_is_sent_with_the_docker_providers_ssh_options(tmp_path, monke
     monkeypatch.setattr(preflight.subprocess, "run", lambda argv, **kw: calls.append((argv, kw)) or Done())
     assert preflight.probe(d, d.cluster.node("spark2"))["docker"] == {}
     argv, kw = calls[0]
-    assert argv[:-3] == ["ssh", *docker_ssh_opts(d.cluster.ssh, d.cluster.node("spark1")), "-p"]
+    opts = docker_ssh_opts(d.cluster.ssh, d.cluster.node("spark1"))
+    assert argv[:len(opts) + 3] == ["ssh", *opts, "-p", "22"]
     assert any(o.startswith("ProxyCommand=ssh ") and o.endswith(" -W %h:%p nvidia@10.10.10.11") for o in argv)
-    assert argv[-2] == "nvidia@192.168.200.2" and argv[-1].startswith("python3 - ")
+    assert argv[-3:-1] == ["nvidia@192.168.200.2", "--"] and argv[-1].startswith("python3 - ")
     spec = json.loads(argv[-1][len("python3 - "):].strip("'"))
     assert spec["peers"] == {"spark1": "192.168.200.1", "spark3": "192.168.200.3"} and spec["ports"] == []
     assert kw["timeout"] == 7 and kw["input"].startswith('"""Collects one node')
