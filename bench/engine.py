@@ -1,0 +1,84 @@
+"""spark-vllm through the real Pulumi CLI (tests/e2e's LabStack), timed, and the engine's floor: an empty
+program on the same backend. Per-step times come from the engine's event log, stamped on arrival."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import timing
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+from stack import LabStack  # noqa: E402  (the e2e suite's driver: private project copy, backend, stack init)
+
+SKIPPED_TYPES = ("pulumi:pulumi:Stack", "spark-vllm:index:")  # the stack and components: no work of their own
+
+
+class Timer:
+    """Runs `pulumi <verb>` for a LabStack with an event log, as LabStack.pulumi does, but timed here."""
+
+    def __init__(self, stack: LabStack):
+        self.stack, self.runs = stack, 0
+
+    def __call__(self, *args: str, check: bool = True) -> timing.Timed:
+        self.runs += 1
+        events = self.stack.events_dir / f"bench-{self.runs:03d}.jsonl"
+        cmd = self.stack.command(*args, events=events)
+        if args[0] in ("up", "destroy"):
+            cmd.append("--yes")
+        done = timing.run(cmd, self.stack.dir, self.stack.env, events)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.output[-4000:]}")
+        return done
+
+
+class EmptyProgram:
+    """A Python program that registers nothing, hosted the same way, on the same kind of backend."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]):
+        self.dir = workdir / "empty"
+        self.dir.mkdir()
+        (self.dir / "Pulumi.yaml").write_text(
+            "name: bench-empty\nruntime:\n  name: python\n  options:\n    toolchain: pip\n    virtualenv: .venv\n")
+        (self.dir / "__main__.py").write_text("import pulumi  # noqa: F401  (the SDK's start-up, nothing else)\n")
+        (self.dir / ".venv").symlink_to(ROOT / ".venv")
+        self.env, self.runs = env, 0
+        self._pulumi("stack", "init")
+
+    def _pulumi(self, *args: str) -> timing.Timed:
+        self.runs += 1
+        events = self.dir / f"events-{self.runs:03d}.jsonl"
+        extra = ["--event-log", str(events)] if args[0] == "preview" else []
+        done = timing.run([str(ROOT / "scripts" / "pulumi"), *args, *extra, "--non-interactive", "--stack", "empty"],
+                          self.dir, self.env, events if extra else None)
+        if done.returncode != 0:
+            raise RuntimeError(f"empty program: pulumi {' '.join(args)} failed:\n{done.output[-4000:]}")
+        return done
+
+    def preview(self) -> timing.Timed:
+        return self._pulumi("preview")
+
+
+def steps(done: timing.Timed) -> list[dict]:
+    """One row per resource step: name, type, op, start and end in seconds since the command started."""
+    open_steps: dict[tuple[str, str], float] = {}
+    rows = []
+    for at, event in done.events:
+        for kind in ("resourcePreEvent", "resOutputsEvent", "resOpFailedEvent"):
+            meta = event.get(kind, {}).get("metadata")
+            if not meta or meta["type"].startswith(SKIPPED_TYPES) or meta["op"] == "same":
+                continue
+            key = (meta["urn"], meta["op"])
+            if kind == "resourcePreEvent":
+                open_steps[key] = at
+            elif key in open_steps:
+                rows.append({"name": meta["urn"].rsplit("::", 1)[1], "type": meta["type"], "op": meta["op"],
+                             "start_s": round(open_steps.pop(key), 3), "end_s": round(at, 3)})
+    return sorted(rows, key=lambda r: r["start_s"])
+
+
+def first_step_s(done: timing.Timed) -> float | None:
+    """When the engine began its first resource step: CLI, language host, program and preflight before it."""
+    return next((at for at, e in done.events if "resourcePreEvent" in e
+                 and not e["resourcePreEvent"]["metadata"]["type"].startswith(SKIPPED_TYPES)), None)

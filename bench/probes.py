@@ -1,0 +1,134 @@
+"""What the runner observes on the lab, through its own access (docker exec into the node containers), so
+that observing never adds to what is timed: containers, the API, serve logs, Ray's node table, SSH floors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+SSH_CONFIG = Path(os.path.expanduser("~/.cache/spark-vllm/lab/ssh_config"))
+API = "http://172.29.87.11:8000/v1/models"  # the lab head's management address, as the stack's baseUrl
+HEAD_FABRIC_IP = "10.87.200.11"
+MODEL = "lab-tiny"
+
+
+def node_sh(node: int, script: str, check: bool = True) -> str:
+    done = subprocess.run(["docker", "exec", f"svl-lab-node{node}", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=120)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"node{node}: {script}\n{done.stdout}{done.stderr}")
+    return done.stdout
+
+
+def lab_nodes() -> list[int]:
+    names = subprocess.run(["docker", "ps", "--format", "{{.Names}}"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"svl-lab-node(\d+)", n)))
+
+
+def containers(nodes: list[int]) -> dict[str, str]:
+    """Container id -> node:name, of every container on the given nodes."""
+    out = {}
+    for node in nodes:
+        for line in node_sh(node, "docker ps -a --no-trunc --format '{{.ID}} {{.Names}}'").splitlines():
+            cid, name = line.split()
+            out[cid] = f"node{node}:{name}"
+    return out
+
+
+def restarted(before: dict[str, str], after: dict[str, str]) -> int:
+    """Containers that ran before and are gone after (each replaced one counts once)."""
+    return len(set(before) - set(after))
+
+
+def wait_models(max_model_len: int, start: float, timeout: float = 300) -> float:
+    """Seconds from `start` (time.monotonic) until /v1/models lists the model with this max_model_len."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(API, timeout=2) as r:
+                cards = json.loads(r.read())["data"]
+            if any(c["id"] == MODEL and c.get("max_model_len") == max_model_len for c in cards):
+                return time.monotonic() - start
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{API} did not list {MODEL} (max_model_len {max_model_len}) within {timeout:g} s")
+
+
+def ssh_round_trip(host: str) -> float:
+    """One `ssh <host> true` with the lab's ssh config: a new connection each time, as each ssh call makes."""
+    start = time.monotonic()
+    subprocess.run(["ssh", "-F", str(SSH_CONFIG), host, "true"], check=True, capture_output=True, timeout=60)
+    return time.monotonic() - start
+
+
+def serve_log(node: int, container: str, path: str) -> str:
+    return node_sh(node, f"docker exec {container} cat {path}", check=False)
+
+
+def load_seconds(log: str) -> float | None:
+    """The stand-in's own figure for reading the shards ("Loading weights took X seconds", as vLLM logs)."""
+    m = re.search(r"Loading weights took ([0-9.]+) seconds", log)
+    return float(m.group(1)) if m else None
+
+
+# Lines the vLLM double logs when serve asks Ray for its placement before every worker has joined.
+EARLY_SERVE = ("exceeds the total number of available GPUs", "Waiting for creating a placement group",
+               "Cannot provide a placement group", "vLLM test double failed")
+
+
+def started_early(log: str) -> bool:
+    return any(marker in log for marker in EARLY_SERVE)
+
+
+def started_at(node: int, container: str) -> float:
+    """A container's start, in Unix seconds (the lab nodes share this host's clock)."""
+    stamp = node_sh(node, f"docker inspect -f '{{{{.State.StartedAt}}}}' {container}").strip()
+    return _unix(stamp)
+
+
+def ray_node_starts(node: int, container: str) -> dict[str, float]:
+    """Fabric IP -> Unix seconds at which that node's raylet registered, from the head's dashboard."""
+    body = node_sh(node, f"docker exec {container} curl -sf 'http://{HEAD_FABRIC_IP}:8265/api/v0/nodes?detail=1'")
+    rows = json.loads(body)["data"]["result"]["result"]
+    return {row["node_ip"]: row["start_time_ms"] / 1000 for row in rows if row.get("state") == "ALIVE"}
+
+
+def _unix(rfc3339: str) -> float:
+    """Docker's nanosecond RFC 3339 UTC stamp as Unix seconds (datetime parses only microseconds)."""
+    from datetime import datetime, timezone
+    head, _, frac = rfc3339.rstrip("Z").partition(".")
+    base = datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    return base + float(f"0.{frac or 0}")
+
+
+def deployment(node: int, container: str) -> dict:
+    """What a Ray container runs with, minus what only names it (name, labels, id): for the parity check."""
+    info = json.loads(node_sh(node, f"docker inspect {container}"))[0]
+    host = info["HostConfig"]
+    return {
+        "image": info["Image"],
+        "entrypoint": info["Config"]["Entrypoint"],
+        "cmd": info["Config"]["Cmd"],
+        "env": sorted(e for e in info["Config"]["Env"] if not e.startswith("PATH=")),
+        "network": host["NetworkMode"], "ipc": host["IpcMode"], "shm": host["ShmSize"],
+        "ulimits": sorted((u["Name"], u["Soft"], u["Hard"]) for u in host.get("Ulimits") or []),
+        "mounts": sorted((m["Source"], m["Destination"], m["RW"]) for m in info["Mounts"]),
+        "devices": host.get("Devices") or [], "caps": host.get("CapAdd") or [],
+        "restart": host["RestartPolicy"]["Name"] or "no",
+    }
+
+
+def serve_argv(node: int, container: str) -> list[str]:
+    """The running `vllm serve` command line, from `serve` on (the interpreter path before it is the image's)."""
+    for line in node_sh(node, f"docker exec {container} ps -eo args").splitlines():
+        words = line.split()
+        if "serve" in words and any(w.endswith("vllm") for w in words[:words.index("serve")]):
+            return words[words.index("serve"):]
+    return []

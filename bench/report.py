@@ -1,0 +1,75 @@
+"""The results as one Markdown report: the figures table, then where the time of an up from empty goes."""
+
+from __future__ import annotations
+
+
+def _s(stat: dict | None) -> str:
+    if not stat:
+        return "—"
+    return f"{stat['median']:.2f} s [{stat['min']:.2f}–{stat['max']:.2f}]"
+
+
+def _x(stat: dict | None) -> str:
+    if not stat:
+        return "—"
+    return f"{stat['median']:.2f}× [{stat['min']:.2f}–{stat['max']:.2f}]"
+
+
+def markdown(r: dict) -> str:
+    f = r["figures"]
+    rows = [
+        ("1", "no-op `pulumi preview`", _s(f["noop_preview"]["spark_vllm_s"]),
+         "empty program: " + _s(f["noop_preview"]["empty_program_s"]), _x(f["noop_preview"]["ratio"]), "≤ 1.5×"),
+        ("1", "… the same with `preflight.enabled: false`", _s(f["noop_preview"]["without_preflight_s"]),
+         "empty program (same repetition)", _x(f["noop_preview"]["without_preflight_ratio"]), "—"),
+        ("2", "no-op `pulumi up`", _s(f["noop_up"]["spark_vllm_s"]), "none (the seed restarts everything)", "—", "—"),
+        ("3", "serve-only change → `/v1/models` answers", _s(f["serve_change"]["spark_vllm_s"]),
+         "seed full restart: " + _s(f["serve_change"]["seed_s"]), _x(f["serve_change"]["ratio"]), "≤ 0.3×"),
+        ("3", "… containers restarted", _counts(f["serve_change"]["containers_restarted"]["spark_vllm"]),
+         _counts(f["serve_change"]["containers_restarted"]["seed"]), "—", "0 vs all"),
+        ("4", "up from empty → `/v1/models` answers", _s(f["cold_start"]["spark_vllm_s"]),
+         "seed cold start: " + _s(f["cold_start"]["seed_s"]), _x(f["cold_start"]["ratio"]), "≤ 1.2×"),
+        ("4", "… seed's `sleep 5` too short", "— (waits for Ray)",
+         f"{f['seed_sleep']['too_short']} of {f['seed_sleep']['runs']} runs; the worker registered "
+         + _s(f["seed_sleep"]["worker_late_s"]) + " after serve was launched", "—", "—"),
+    ]
+    for n, s in sorted(f["scaling"].items(), key=lambda kv: int(kv[0])):
+        for key, label in (("preview_s", "preview from empty"), ("up_s", "up from empty → `/v1/models`")):
+            ratio = s.get(key.replace("_s", "_ratio_vs_2"))
+            rows.append(("5", f"N={n}: {label}", _s(s[key]), "vs N=2 in the same run" if ratio else "",
+                         _x(ratio), "≤ +10 % a node" if ratio else ""))
+    out = [f"Lab benchmark, {r['date']}, {r['reps']} repetitions (median [min–max]); `{r['command']}`", "",
+           "| # | figure | spark-vllm | baseline or floor | ratio | goal |", "|---|---|---|---|---|---|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    b = f["breakdown"]
+    for title, key in (("an up from empty", "steps"), ("a serve-only change", "serve_change_steps")):
+        out += ["", f"Where {title} (N=2) spends its time: engine steps from the event log, median of the"
+                    " repetitions, seconds since `pulumi up` started:", "",
+                "| step | start | end | took |", "|---|---|---|---|"]
+        out += [f"| {s['name']} ({s['op']}) | {s['start_s']:.2f} | {s['end_s']:.2f} | {s['end_s'] - s['start_s']:.2f} |"
+                for s in b[key]]
+    out += ["", "Up from empty by cluster size: engine steps (median, seconds)", "",
+            "| N | first step at | containers created by | cluster-ready gate | serve-ready gate | whole up |",
+            "|---|---|---|---|---|---|"]
+    for n, s in sorted(f["scaling"].items(), key=lambda kv: int(kv[0])):
+        took = {st["name"]: st["end_s"] - st["start_s"] for st in s["steps"]}
+        made = max(st["end_s"] for st in s["steps"] if st["name"].endswith("-container"))
+        out.append(f"| {n} | {s['steps'][0]['start_s']:.2f} | {made:.2f} | {took['cluster-ready-gate']:.2f} |"
+                   f" {took['serve-ready-gate']:.2f} | {s['up_s']['median']:.2f} |")
+    out.append(f"\nUp from empty: the first resource step began {_s(b['first_step_s'])} after `pulumi up` started"
+               " (CLI, language host, program, preflight).")
+    fl = b["floors"]
+    out += ["", "| floor | time |", "|---|---|",
+            f"| ssh round trip, node1 (direct) | {_s(fl['ssh_direct_s'])} |",
+            f"| ssh round trip, node2 (through node1) | {_s(fl['ssh_jump_s'])} |",
+            f"| Ray join: worker container started → raylet registered (seed runs) | {_s(fl['ray_join_s'])} |",
+            f"| stand-in load (`Loading weights took`), spark-vllm / seed | {_s(fl['load_s']['spark_vllm'])} /"
+            f" {_s(fl['load_s']['seed'])} |"]
+    if r["parity"]:
+        out += ["", "Seed vs spark-vllm containers and serve command: " + ("identical" if r["parity"] == "identical"
+                                                                            else "DIFFERENT: " + r["parity"])]
+    return "\n".join(out)
+
+
+def _counts(values: list[int]) -> str:
+    return ", ".join(str(v) for v in sorted(set(values)))

@@ -1,0 +1,82 @@
+"""Timing: a command run with its output lines and engine events stamped as they arrive, and summary stats."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+
+@dataclass
+class Timed:
+    returncode: int
+    seconds: float
+    lines: list[tuple[float, str]]  # (seconds since start, output line)
+    events: list[tuple[float, dict]] = field(default_factory=list)  # (seconds since start, engine event)
+
+    @property
+    def output(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str], event_log: Optional[Path] = None,
+        timeout: float = 900) -> Timed:
+    """Runs `cmd` to its end. The event log's own timestamps have 1 s resolution, so lines are stamped on
+    arrival by polling the file while the engine writes it."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[tuple[float, str]] = []
+
+    def read_output():
+        for line in proc.stdout:
+            lines.append((time.monotonic() - start, line.rstrip("\n")))
+
+    reader = threading.Thread(target=read_output, daemon=True)
+    reader.start()
+    events: list[tuple[float, dict]] = []
+    tail = _Tail(event_log) if event_log else None
+    while proc.poll() is None:
+        if time.monotonic() - start > timeout:
+            proc.kill()
+            raise TimeoutError(f"{' '.join(cmd)} took more than {timeout:g} s")
+        if tail:
+            events += [(time.monotonic() - start, e) for e in tail.read()]
+        time.sleep(0.05)
+    seconds = time.monotonic() - start
+    reader.join()
+    if tail:
+        events += [(seconds, e) for e in tail.read()]
+    return Timed(proc.returncode, seconds, lines, events)
+
+
+class _Tail:
+    """Complete JSON lines appended to a file since the last read."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.partial = path, 0, ""
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with self.path.open() as f:
+            f.seek(self.offset)
+            chunk = f.read()
+            self.offset = f.tell()
+        text = self.partial + chunk
+        *complete, self.partial = text.split("\n")
+        return [json.loads(line) for line in complete if line.strip()]
+
+
+def stats(samples: list[float]) -> dict:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples),
+            "samples": [round(s, 3) for s in samples]}
+
+
+def ratios(numerators: list[float], denominators: list[float]) -> dict:
+    """Pair by pair (repetition i with repetition i of the same run): the noise of one moment cancels."""
+    return stats([n / d for n, d in zip(numerators, denominators)])

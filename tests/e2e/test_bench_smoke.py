@@ -1,0 +1,36 @@
+"""Keeps bench/run working: one repetition at N=2 (CI's setting). It checks the report's shape, never a timing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from conftest import ROOT
+
+FIGURES = {"noop_preview", "noop_up", "serve_change", "cold_start", "seed_sleep", "scaling", "breakdown"}
+STAT = {"median", "min", "max", "samples"}
+
+
+def test_bench_quick_prints_the_table_and_writes_json(lab2, tmp_path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run([str(ROOT / "bench" / "run"), "--reps", "1", "--nodes", "2", "--quick", "--out", str(out)],
+                          env={**os.environ, **lab2}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| # | figure | spark-vllm | baseline or floor | ratio | goal |" in done.stdout
+    assert "| step | start | end | took |" in done.stdout
+
+    result = json.loads(out.read_text())
+    f = result["figures"]
+    assert set(f) == FIGURES
+    for stat in (f["noop_preview"]["spark_vllm_s"], f["noop_preview"]["empty_program_s"], f["noop_preview"]["ratio"],
+                 f["noop_up"]["spark_vllm_s"], f["serve_change"]["ratio"], f["cold_start"]["ratio"],
+                 f["scaling"]["2"]["up_s"], f["breakdown"]["floors"]["ray_join_s"]):
+        assert set(stat) == STAT and len(stat["samples"]) >= 1
+    # What the figures stand for, not how fast: spark-vllm restarts no container on a serve-only change, the
+    # seed restarts all of them, and the seed deployed exactly what spark-vllm deploys.
+    assert f["serve_change"]["containers_restarted"] == {"spark_vllm": [0], "seed": [2]}
+    assert result["parity"] == "identical"
+    assert f["seed_sleep"]["runs"] == 2 and 0 <= f["seed_sleep"]["too_short"] <= 2
+    steps = {s["name"] for s in f["breakdown"]["steps"]}
+    assert {"ray-head-container", "cluster-ready-gate", "vllm-serve-process", "serve-ready-gate"} <= steps
