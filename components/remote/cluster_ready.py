@@ -105,7 +105,7 @@ def main():
                 return 0
             if time.monotonic() >= deadline:
                 break
-            time.sleep(1)
+            time.sleep(0.25)
     print(f"cluster not ready after {a.timeout:.0f}s:", file=sys.stderr)
     for problem in problems:
         print(f"  - {problem}", file=sys.stderr)

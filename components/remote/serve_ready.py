@@ -147,7 +147,7 @@ def main():
         if now - last_print >= a.heartbeat:
             print(f"still waiting: {phase}, {fmt(now - start)} elapsed, {fmt(deadline - now)} left", flush=True)
             last_print = now
-        time.sleep(1)
+        time.sleep(0.25)  # each round is a pid check, a log read and a local HTTP call: cheap
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ p=$(cat "$pid_file" 2>/dev/null) || exit 0
 running() { [ -e "/proc/$p" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$p/status" 2>/dev/null; }
 kill -TERM "-$p" 2>/dev/null
 i=0
-while running && [ $i -lt 60 ]; do sleep 1; i=$((i + 1)); done
+while running && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
 running && kill -KILL "-$p" 2>/dev/null
 rm -f "$pid_file" "$env_file"
 exit 0
