@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from components import config
+from components.ray_node import pinned_env
 from fixtures import KEY, stack_config, write_catalog
-from harness import plain_strings, run_program
+from harness import ROOT, plain_strings, run_program
 
 API_KEY = "sk-unit-test-api-key-123"
 HF_TOKEN = "hf_unit_test_token_456"
@@ -76,6 +78,12 @@ def test_containers_are_pinned_to_the_fabric(rec):
         assert f"--node-ip-address={ip}" in reg.inputs["command"]
         assert reg.inputs["entrypoints"] == ["ray"] and reg.inputs["command"][0] == "start"
         assert "--block" in reg.inputs["command"]
+
+
+def test_the_pinned_variables_are_the_ones_config_refuses_to_override(tmp_path):
+    # config.PINNED_ENV guards the user's extras; it must name exactly what ray_node pins.
+    d = config.load("t", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT)
+    assert set(pinned_env(d.cluster, d.cluster.head)) == set(config.PINNED_ENV)
 
 
 def test_head_and_worker_ray_flags(rec):
