@@ -44,11 +44,15 @@ def start_script(env: Mapping[str, str]) -> str:
     return script("serve_start.sh").replace("@ENV@", lines)
 
 
+def serve_ctl(container: str, action: str) -> str:
+    """`alive` or `stop` (components/remote/serve_ctl.sh) for the serve in `container`, as a shell command."""
+    return shlex.join(["docker", "exec", container, "sh", "-c", script("serve_ctl.sh"), "serve-ctl", action,
+                       PID_FILE, ENV_FILE])
+
+
 def stop_command(container: str) -> str:
     # Stops this serve's process group only; a container already gone has nothing to stop.
-    stop = shlex.join(["docker", "exec", container, "sh", "-c", script("serve_stop.sh"), "serve-stop",
-                       PID_FILE, ENV_FILE])
-    return f"if docker inspect {shlex.quote(container)} >/dev/null 2>&1; then {stop}; fi"
+    return f"if docker inspect {shlex.quote(container)} >/dev/null 2>&1; then {serve_ctl(container, 'stop')}; fi"
 
 
 @dataclass

@@ -68,24 +68,43 @@ def running(pid: str) -> bool:
         return False
 
 
-def test_serve_stop_ends_the_whole_process_group_and_ignores_zombies(tmp_path):
-    stop = (Path(cluster_ready.__file__).with_name("serve_stop.sh")).read_text()
+def test_serve_ctl_stops_the_whole_process_group_and_counts_zombies_as_dead(tmp_path):
+    ctl = (Path(cluster_ready.__file__).with_name("serve_ctl.sh")).read_text()
     pid_file, env_file = tmp_path / "serve.pid", tmp_path / "serve.env"
     env_file.write_text("VLLM_API_KEY=x\n")
+
+    def run(action: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "-c", ctl, "serve-ctl", action, str(pid_file), str(env_file)],
+                              capture_output=True, text=True, timeout=30)
+
     # A group leader that ignores nothing and a child in its group, as `setsid vllm serve` leaves them.
     group = subprocess.Popen(["setsid", "sh", "-c", "sleep 300 & exec sleep 301"])
     pid_file.write_text(str(group.pid))
     time.sleep(0.3)
     children = subprocess.run(["pgrep", "-g", str(group.pid)], capture_output=True, text=True).stdout.split()
     assert len(children) == 2
+    alive = run("alive")
+    assert alive.returncode == 0 and alive.stdout.strip() == str(group.pid)
     start = time.monotonic()
     # The leader is our child, so it stays a zombie until we reap it: the stop must not wait 60 s for it.
-    done = subprocess.run(["sh", "-c", stop, "serve-stop", str(pid_file), str(env_file)], timeout=30)
+    done = run("stop")
     assert done.returncode == 0 and time.monotonic() - start < 5
     assert [pid for pid in children if running(pid)] == []
     assert not pid_file.exists() and not env_file.exists()
+    assert run("alive").returncode != 0  # no pid file: no serve
     group.wait()
-    assert subprocess.run(["sh", "-c", stop, "serve-stop", str(pid_file), str(env_file)]).returncode == 0
+    assert run("stop").returncode == 0
+
+
+def test_serve_ctl_counts_a_zombie_as_dead(tmp_path):
+    ctl = (Path(cluster_ready.__file__).with_name("serve_ctl.sh")).read_text()
+    pid_file = tmp_path / "serve.pid"
+    child = subprocess.Popen(["true"])  # not waited for: a zombie until group.wait()
+    time.sleep(0.3)
+    pid_file.write_text(str(child.pid))
+    alive = subprocess.run(["sh", "-c", ctl, "serve-ctl", "alive", str(pid_file)], capture_output=True, text=True)
+    assert alive.returncode != 0 and alive.stdout == ""
+    child.wait()
 
 
 def test_serve_ready_reads_back_a_quoted_api_key(tmp_path):
