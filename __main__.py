@@ -6,13 +6,14 @@ import pulumi
 
 from components import config, preflight
 from components.cluster_ready import ClusterReady, ClusterReadyArgs
+from components.fabric_guard import FabricGuard, FabricGuardArgs
 from components.ray_node import RayNode, RayNodeArgs
 from components.serve_ready import ServeReady, ServeReadyArgs
 from components.spark_node import SparkNode, SparkNodeArgs
 from components.vllm_serve import VllmServe, VllmServeArgs
 
 d = config.from_pulumi(Path(__file__).parent)
-preflight.run(d)  # before any resource: a failed check leaves the stack as it was
+facts = preflight.run(d)  # before any resource: a failed check leaves the stack as it was
 cluster, serve = d.cluster, d.serve
 stack_config = pulumi.Config(config.NAMESPACE)
 private_key = pulumi.Output.secret(d.ssh_private_key) if d.ssh_private_key else None
@@ -23,13 +24,19 @@ sparks = {
                                                   private_key=private_key))
     for node in cluster.nodes
 }
+guards = {
+    node.name: FabricGuard(f"fabric-guard-{node.name}", FabricGuardArgs(
+        stack=d.stack, cluster=cluster, node=node, connection=sparks[node.name].connection,
+        in_place=preflight.guard_in_place(facts, node)))
+    for node in cluster.nodes if cluster.fabric_guard
+}
 head_spark = sparks[cluster.head.name]
 head = RayNode("ray-head", RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=cluster.head,
-                                       spark=head_spark))
+                                       spark=head_spark, guard=guards.get(cluster.head.name)))
 workers = {
     node.name: RayNode(f"ray-worker-{node.name}",
                        RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name],
-                                   head_container_id=head.container_id))
+                                   head_container_id=head.container_id, guard=guards.get(node.name)))
     for node in cluster.workers
 }
 cluster_ready = ClusterReady("cluster-ready", ClusterReadyArgs(

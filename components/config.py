@@ -21,7 +21,8 @@ NAMESPACE = "spark-vllm"
 SECRET_KEYS = ("apiKey", "hfToken")
 # Env vars the program pins to the fabric on every node; user extras may not override them.
 PINNED_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME",
-              "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR", "RAY_memory_monitor_refresh_ms")
+              "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR", "RAY_memory_monitor_refresh_ms",
+              "AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class ClusterSpec:
     fabric_interface: str
     ray_port: int
     dashboard_port: int
+    ray_ports: Mapping[str, int]  # `ray start` flag -> port, for Ray's other fixed ports (RAY_PORTS)
+    ray_port_env: Mapping[str, int]  # environment variable -> port, for the ports Ray reads from there (RAY_PORT_ENV)
+    worker_ports: tuple[int, int]  # the range Ray's workers take ports from
+    fabric_guard: bool  # close Ray's ports on every interface but the fabric and loopback
     gpus_per_node: int
     docker_gpus: Optional[str]  # value for `docker run --gpus`, None to request no GPU devices
     rdma: bool
@@ -77,6 +82,13 @@ class ClusterSpec:
 
     def node(self, name: str) -> NodeSpec:
         return next(n for n in self.nodes if n.name == name)
+
+    @property
+    def guarded_ports(self) -> list[str]:
+        """Every TCP port Ray listens on, as iptables --dport values ("6379", "10002:19999")."""
+        low, high = self.worker_ports
+        fixed = (self.ray_port, self.dashboard_port, *self.ray_ports.values(), *self.ray_port_env.values())
+        return [str(p) for p in fixed] + [f"{low}:{high}"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,18 @@ class Deployment:
 
 # What RDMA and NCCL need (the anchors' `--ulimit` flags); a host that cannot grant them sets lower ones.
 DEFAULT_ULIMITS = {"memlock": -1, "stack": 67108864, "nofile": 1048576}
+# Ray's fixed ports besides the GCS and the dashboard: `ray start` flag -> (key under `ray:`, default). Ray binds
+# most of its ports on 0.0.0.0 whatever --node-ip-address says, and has no auth: pinning them lets the fabric guard
+# close exactly these on every other network. Where Ray has a default it is kept; the others would be random.
+RAY_PORTS = {"node-manager-port": ("nodeManagerPort", 6380), "object-manager-port": ("objectManagerPort", 6381),
+             "runtime-env-agent-port": ("runtimeEnvAgentPort", 6382),
+             "dashboard-agent-grpc-port": ("dashboardAgentGrpcPort", 6383),
+             "metrics-export-port": ("metricsExportPort", 6384),
+             "dashboard-agent-listen-port": ("dashboardAgentPort", 52365),
+             "ray-client-server-port": ("clientServerPort", 10001)}
+# Two metrics servers on the head that `ray start` has no flag for; Ray reads their ports from the environment.
+RAY_PORT_ENV = {"AUTOSCALER_METRIC_PORT": ("autoscalerMetricsPort", 44217),
+                "DASHBOARD_METRIC_PORT": ("dashboardMetricsPort", 44227)}
 LOAD_FORMATS = ("auto", "safetensors", "fastsafetensors", "runai_streamer", "pt", "dummy")
 
 
@@ -200,6 +224,10 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
     ray_port = ray.port("port", 6379)
     dashboard_port = ray.port("dashboardPort", 8265)
     gpus_per_node = ray.int("gpusPerNode", 1, lo=1, hi=16)
+    ray_ports = {flag: ray.port(key, default) for flag, (key, default) in RAY_PORTS.items()}
+    ray_port_env = {var: ray.port(key, default) for var, (key, default) in RAY_PORT_ENV.items()}
+    worker_ports = (ray.port("minWorkerPort", 10002), ray.port("maxWorkerPort", 19999))
+    fabric_guard = ray.bool("fabricGuard", True)
     ray.done()
     docker = c.section("docker")
     docker_gpus = docker.str("gpus", "all", accepted="'all', 'none', or a docker --gpus value")
@@ -228,13 +256,14 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
     c.done()
 
     _check_nodes(c, nodes)
-    for port_key, port in (("api.port", api_port), ("ray.dashboardPort", dashboard_port)):
-        if port == ray_port or (port_key == "api.port" and port == dashboard_port):
-            raise c.error(port_key, port, "a port not used by Ray's GCS or dashboard",
-                          f"is {port}, which Ray also uses")
+    _check_ports(c, {"ray.port": ray_port, "ray.dashboardPort": dashboard_port,
+                     **{f"ray.{RAY_PORTS[flag][0]}": port for flag, port in ray_ports.items()},
+                     **{f"ray.{RAY_PORT_ENV[var][0]}": port for var, port in ray_port_env.items()},
+                     "api.port": api_port}, worker_ports)
     head = next(n for n in nodes if n.head)
     return ClusterSpec(name=name, ssh=ssh_spec, fabric_interface=fabric_interface, ray_port=ray_port,
-                       dashboard_port=dashboard_port, gpus_per_node=gpus_per_node,
+                       dashboard_port=dashboard_port, ray_ports=ray_ports, ray_port_env=ray_port_env, worker_ports=worker_ports,
+                       fabric_guard=fabric_guard, gpus_per_node=gpus_per_node,
                        docker_gpus=None if docker_gpus == "none" else docker_gpus, rdma=rdma,
                        shm_size_mb=shm_size_mb, ulimits=ulimits, env=env, hf_cache=hf_cache, api_bind=api_bind,
                        api_port=api_port,
@@ -282,6 +311,21 @@ def _check_nodes(c: Section, nodes: list[NodeSpec]) -> None:
         jump = seen_names.get(node.via)
         if jump is None or nodes[jump].via is not None:
             raise c.error(f"nodes[{i}].ssh.via", node.via, accepted)
+
+
+def _check_ports(c: Section, ports: dict[str, int], worker_ports: tuple[int, int]) -> None:
+    """Ray's ports and the API's must all differ, and stay out of the range Ray gives its workers."""
+    low, high = worker_ports
+    if low >= high:
+        raise c.error("ray.maxWorkerPort", high, f"a port above ray.minWorkerPort ({low})")
+    seen: dict[int, str] = {}
+    for key, port in ports.items():
+        if port in seen:
+            raise c.error(key, port, "a port no other Ray or API port uses", f"is {port}, which {seen[port]} also uses")
+        if low <= port <= high:
+            raise c.error(key, port, f"a port outside Ray's worker ports ({low}-{high}, ray.minWorkerPort to "
+                                     "ray.maxWorkerPort)", f"is {port}, inside Ray's worker ports")
+        seen[port] = key
 
 
 def _serve(preset: Section, overrides: Section, model_name: str) -> ServeSpec:

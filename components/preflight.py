@@ -20,6 +20,7 @@ from typing import Optional
 import pulumi
 
 from .config import Deployment, NodeSpec
+from .fabric_guard import chain_name
 from .ray_node import container_name
 from .remote import script
 from .spark_node import ssh_argv
@@ -35,7 +36,7 @@ OVERHEAD_BYTES_PER_GPU = 4 * GIB  # CUDA context, activations and NCCL buffers: 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 STEP_TIMEOUT_S = 15  # each command of the probe; the image check starts Python in the image, so it gets more
 IMAGE_TIMEOUT_S = 40
-CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "weights", "memory", "ports")
+CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "weights", "memory", "ports", "guard")
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,14 @@ class Finding:
     fix: str = ""
 
 
-def run(d: Deployment) -> None:
-    """Probes, judges and reports; raises pulumi.RunError (no traceback) with the table if any check failed."""
+def run(d: Deployment) -> dict[str, dict]:
+    """Probes, judges and reports; raises pulumi.RunError (no traceback) with the table if any check failed.
+
+    Returns each node's facts ({} when preflight is off), for the resources whose diff depends on them.
+    """
     if not d.preflight.enabled:
         pulumi.log.info("preflight is off (spark-vllm:preflight.enabled is false): the nodes were not checked")
-        return
+        return {}
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=len(d.cluster.nodes)) as pool:
         facts = dict(zip([n.name for n in d.cluster.nodes], pool.map(lambda n: probe(d, n), d.cluster.nodes)))
@@ -64,6 +68,12 @@ def run(d: Deployment) -> None:
     if failed:
         raise pulumi.RunError(f"{summary}; nothing was deployed or changed.\n{table}")
     (pulumi.log.warn if warned else pulumi.log.info)(f"{summary}\n{table}")
+    return facts
+
+
+def guard_in_place(facts: dict[str, dict], node: NodeSpec) -> Optional[bool]:
+    """The fabric guard's state on `node` as preflight found it; None when it was not checked."""
+    return facts.get(node.name, {}).get("guard", {}).get("inPlace")
 
 
 def probe_spec(d: Deployment, node: NodeSpec) -> dict:
@@ -72,6 +82,8 @@ def probe_spec(d: Deployment, node: NodeSpec) -> dict:
             "peers": {n.name: n.fabric_ip for n in cluster.nodes if n.name != node.name},
             "image": d.serve.image, "modelPath": d.serve.model_path,
             "ports": [cluster.ray_port, cluster.dashboard_port, cluster.api_port] if node.head else [],
+            "guard": {"script": script("fabric_guard.sh"), "chain": chain_name(d.stack, cluster)}
+            if cluster.fabric_guard else None,
             "gpuProbe": cluster.gpu_probe, "dockerGpus": cluster.docker_gpus, "hashWeights": d.preflight.hash_weights,
             "stepTimeout": STEP_TIMEOUT_S, "imageTimeout": IMAGE_TIMEOUT_S}
 
@@ -122,6 +134,8 @@ def evaluate(d: Deployment, facts: dict[str, dict]) -> list[Finding]:
                      check_weights(d, node, f, ref_model), check_memory(d, node, f, ref_model)]
         if node.head:
             findings.append(check_ports(d, node, f))
+        if d.cluster.fabric_guard:
+            findings.append(check_guard(d, node, f))
     order = {name: i for i, name in enumerate(CHECKS)}
     nodes_order = {n.name: i for i, n in enumerate(d.cluster.nodes)}
     return sorted(findings, key=lambda x: (nodes_order[x.node], order[x.check]))
@@ -459,6 +473,18 @@ def check_ports(d: Deployment, node: NodeSpec, f: dict) -> Finding:
             reasons.append(f"{label} is held by {h['process']} (pid {h['pid']}), outside any container")
             fixes.append(f"stop that process, or change {key}")
     return Finding(node.name, "ports", status, "; ".join(reasons), "; ".join(fixes))
+
+
+def check_guard(d: Deployment, node: NodeSpec, f: dict) -> Finding:
+    g = f.get("guard", {})
+    if "unavailable" in g:
+        return _could_not(node.name, "guard", g["unavailable"],
+                          f"let {node.ssh_user} run iptables with `sudo -n`, or set ray.fabricGuard: false")
+    if g["inPlace"]:
+        return Finding(node.name, "guard", "ok", f"Ray's ports are closed to all but {d.cluster.fabric_interface} "
+                                                 f"and loopback (chain {chain_name(d.stack, d.cluster)})")
+    return Finding(node.name, "guard", "ok", f"the rules that close Ray's ports to all but "
+                                             f"{d.cluster.fabric_interface} are not in place; `up` applies them")
 
 
 def render(findings: list[Finding]) -> str:

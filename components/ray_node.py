@@ -31,6 +31,8 @@ def pinned_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
         "MASTER_ADDR": cluster.head.fabric_ip,
         # Ray's OOM killer counts unified memory as pressure and killed the seed's load at 95 %.
         "RAY_memory_monitor_refresh_ms": "0",
+        # Not an address, but pinned alike: the fabric guard closes these ports, so they must not move.
+        **{var: str(port) for var, port in cluster.ray_port_env.items()},
     }
 
 
@@ -40,8 +42,10 @@ def container_env(cluster: ClusterSpec, node: NodeSpec) -> list[str]:
 
 
 def ray_start(cluster: ClusterSpec, node: NodeSpec) -> list[str]:
+    low, high = cluster.worker_ports
     common = [f"--node-ip-address={node.fabric_ip}", f"--num-gpus={cluster.gpus_per_node}",
-              "--disable-usage-stats", "--block"]
+              *(f"--{flag}={port}" for flag, port in cluster.ray_ports.items() if node.head or "client" not in flag),
+              f"--min-worker-port={low}", f"--max-worker-port={high}", "--disable-usage-stats", "--block"]
     if node.head:
         return ["start", "--head", f"--port={cluster.ray_port}", f"--dashboard-host={node.fabric_ip}",
                 f"--dashboard-port={cluster.dashboard_port}", *common]
@@ -60,6 +64,7 @@ class RayNodeArgs:
     node: NodeSpec
     spark: SparkNode
     head_container_id: Optional[pulumi.Input[str]] = None  # set for workers: ties them to one head
+    guard: Optional[pulumi.Resource] = None  # the node's fabric guard: its rules go in before Ray opens a port
 
 
 class RayNode(pulumi.ComponentResource):
@@ -99,7 +104,8 @@ class RayNode(pulumi.ComponentResource):
                      for name, limit in sorted(cluster.ulimits.items())],
             mounts=mounts,
             restart="no",  # a restarted node leaves this down, and `pulumi up --refresh` rebuilds the chain
-            opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True),
+            opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
+                                        depends_on=[args.guard] if args.guard else None),
         )
         self.container_id = container.id
         self.register_outputs({"containerId": self.container_id, "containerName": self.container_name,

@@ -232,6 +232,18 @@ def _owner(pid, containers):
     return containers.get(match.group(0), {"container": match.group(0)[:12], "stack": ""})
 
 
+def guard(spec):
+    """Whether the fabric guard's current rules are in place (components/remote/fabric_guard.sh check)."""
+    g = spec["guard"]
+    argv = ["sh", "-c", g["script"], "fabric-guard", "check", g["chain"]]
+    if os.geteuid() != 0:
+        argv = ["sudo", "-n", *argv]
+    rc, out, err = sh(argv, spec["stepTimeout"])
+    if rc in (0, 1):
+        return {"inPlace": rc == 0}
+    raise Unavailable(error_line(err or out))
+
+
 TIMINGS = {}  # seconds per fact, reported so slow nodes show which step was slow
 
 
@@ -261,6 +273,8 @@ def main():
     facts["memory"] = gather("memory", memory, spec)
     if spec["ports"]:
         facts["ports"] = gather("ports", ports, spec)
+    if spec["guard"]:
+        facts["guard"] = gather("guard", guard, spec)
     facts["timings"] = TIMINGS
     print(MARK + json.dumps(facts))
 

@@ -87,6 +87,8 @@ def test_a_rebooted_node_is_repaired_by_up_refresh(stack):
     after = stack.outputs()["containerIds"]
     assert after["node1"] == before["node1"] and after["node2"] != before["node2"]
     assert_serving(stack)
+    # The reboot flushed node2's firewall; preflight found the guard gone and `up` put it back.
+    assert "-A INPUT -j svl-flt-" in node_sh(2, "iptables -S INPUT")
 
 
 def test_ssh_cut_to_node2_fails_bounded_naming_the_node_then_converges(stack):

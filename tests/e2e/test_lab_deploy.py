@@ -87,7 +87,13 @@ def test_ray_change_replaces_everything_in_order(stack):
     before = stack.outputs()["containerIds"]
     stack.edit_catalog("clusters.yaml", lambda c: c["lab"].setdefault("ray", {}).update(dashboardPort=8266))
     run = stack.up()
-    order = [(op, name) for op, name in steps(run) if op in ("delete-replaced", "create-replacement")]
+    replaced = [(op, name) for op, name in steps(run) if op in ("delete-replaced", "create-replacement")]
+    # Other ports mean new guard rules: they go in under a new chain before Ray restarts, the old chain after.
+    for node in ("node1", "node2"):
+        new, old = (replaced.index((op, f"fabric-guard-{node}-rules")) for op in ("create-replacement",
+                                                                                   "delete-replaced"))
+        assert new < replaced.index(("create-replacement", "ray-head-container")) and new < old, replaced
+    order = [(op, name) for op, name in replaced if not name.startswith("fabric-guard")]
     # Fixed names and ports are deleted before anything is created, dependents first (delete_before_replace
     # takes what stands on the head down with it); then everything is created in dependency order.
     first_create = next(i for i, (op, _) in enumerate(order) if op == "create-replacement")
@@ -167,3 +173,4 @@ def test_destroy_leaves_nothing_on_any_node(stack):
     for node in (1, 2):
         assert containers(node) == []
         assert "vllm" not in node_sh(node, "ps -eo args")
+        assert "svl-" not in node_sh(node, "iptables -S")  # the fabric guard's chain is gone too

@@ -1,11 +1,15 @@
-"""Secrets on the lab: the SSH key, the HF token and the API key never show in state, output, argv or logs.
+"""Secrets and exposure on the lab.
 
-The API key also does its job: a real OpenAI client gets 401 without it and an answer with it.
+The SSH key, the HF token and the API key never show in state, output, argv or logs. The API key does its job:
+a real OpenAI client gets 401 without it and an answer with it. Ray answers on the fabric only: from the
+management side (this machine, the workstation) every port Ray listens on refuses the connection.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
+import socket
 import subprocess
 from pathlib import Path
 
@@ -63,3 +67,39 @@ def test_the_api_key_is_enforced_for_a_real_openai_client(stack):
     client = openai.OpenAI(base_url=out["baseUrl"], api_key=API_KEY, max_retries=0, timeout=15)
     answer = client.chat.completions.create(model=out["servedModel"], messages=[{"role": "user", "content": "hi"}])
     assert answer.choices[0].message.content
+
+
+def exposed_listeners(node: int) -> dict[int, str]:
+    """Port -> process of every TCP listener on the node that is not bound to loopback or the fabric address."""
+    found = {}
+    for line in node_sh(node, "ss -H -t -l -n -p").splitlines():
+        local, users = line.split()[3], line.split()[-1]
+        address, port = local.rsplit(":", 1)
+        if address in ("127.0.0.1", "[::1]", f"10.87.200.{10 + node}") or address.startswith("127.0.0."):
+            continue
+        found[int(port)] = re.search(r'\("([^"]+)"', users).group(1)
+    return found
+
+
+def guarded(node: int) -> set[int]:
+    ports = set()
+    for rule in re.findall(r"--dport (\S+) -j REJECT", node_sh(node, "iptables -S")):
+        low, _, high = rule.partition(":")
+        ports |= set(range(int(low), int(high or low) + 1))
+    return ports
+
+
+def test_ray_answers_on_the_fabric_only(stack):
+    stack.up()
+    head = exposed_listeners(1)
+    assert head[6379] == "gcs_server" and 8000 in head  # Ray binds its GCS on 0.0.0.0, whatever it is told
+    for node in (1, 2):
+        open_ports = {port: proc for port, proc in exposed_listeners(node).items() if port not in guarded(node)}
+        assert open_ports == ({8000: "vllm"} if node == 1 else {}) | {22: "sshd"}, f"node{node}"
+    # From the management side, as anyone on that network: every Ray port resets the connection.
+    for port in sorted(set(head) - {22, 8000}) + [8265]:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("172.29.87.11", port), timeout=5).close()
+    socket.create_connection(("172.29.87.11", 8000), timeout=5).close()  # the API is meant to be reachable
+    # From the fabric, as Ray's own nodes: the GCS and the dashboard answer.
+    node_sh(2, "python3 -c 'import socket; [socket.create_connection((\"10.87.200.11\", p), 5) for p in (6379, 8265)]'")

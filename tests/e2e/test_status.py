@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from conftest import node_sh
-from stack import ROOT, LabStack, chat
+from stack import ROOT, LabStack, chat, planned
 
 HEAD = "spark-vllm-sts-ray-head"
 
@@ -30,7 +30,7 @@ def status(stack: LabStack) -> subprocess.CompletedProcess:
 def test_status_reports_every_layer_healthy(stack):
     done = status(stack)
     assert done.returncode == 0, done.stdout + done.stderr
-    for layer in ("ssh node1", "ssh node2 via node1", f"container {HEAD}", "ray nodes by fabric IP",
+    for layer in ("ssh node1", "ssh node2 via node1", "fabric guard node1", "fabric guard node2", f"container {HEAD}", "ray nodes by fabric IP",
                   "vllm serve process", "/health", "/v1/models", "one chat completion"):
         assert re.search(rf"{re.escape(layer)}\s+ok ", done.stdout), done.stdout
 
@@ -48,3 +48,17 @@ def test_a_dead_vllm_is_found_by_status_and_repaired_by_its_command(stack):
     assert status(stack).returncode == 0
     out = stack.outputs()
     assert chat(out["baseUrl"], out["servedModel"])["choices"][0]["message"]["content"]
+
+
+def test_a_lost_guard_is_found_by_status_and_put_back_by_up_alone(stack):
+    # What a reboot does to the rules, without the reboot: node2's chain is gone, Ray keeps running.
+    node_sh(2, "c=$(iptables -S INPUT | grep -o 'svl-sts-[0-9a-f]*'); iptables -D INPUT -j $c; iptables -F $c; "
+               "iptables -X $c")
+    done = status(stack)
+    assert done.returncode == 1
+    assert re.search(r"fabric guard node2\s+FAIL  missing or stale: `pulumi up` puts it back", done.stdout), done.stdout
+    assert re.search(r"fabric guard node1\s+ok ", done.stdout)
+    assert "Ray's ports are open beyond the fabric: `pulumi up` puts the guard back" in done.stdout
+    up = stack.up()
+    assert planned(up) == {"fabric-guard-node2-rules": "replace"}
+    assert status(stack).returncode == 0

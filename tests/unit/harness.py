@@ -36,6 +36,7 @@ class Registration:
     dependencies: list[str]
     delete_before_replace: bool
     replace_on_changes: list[str]
+    ignore_changes: list[str]
     parent: str
 
     def replace_key(self) -> str:
@@ -90,7 +91,8 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
                 urn=response.urn, type=request.type, name=request.name, id=response.id,
                 inputs=json_format.MessageToDict(request.object), provider=request.provider,
                 dependencies=list(request.dependencies), delete_before_replace=request.deleteBeforeReplace,
-                replace_on_changes=list(request.replaceOnChanges), parent=request.parent)
+                replace_on_changes=list(request.replaceOnChanges), ignore_changes=list(request.ignoreChanges),
+                parent=request.parent)
         return response
 
 

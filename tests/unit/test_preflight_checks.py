@@ -10,11 +10,13 @@ import copy
 import hashlib
 import importlib.util
 import json
+import shlex
 
 import pulumi
 import pytest
 
 from components import config, preflight
+from components.fabric_guard import chain_name
 from components.preflight import Finding, evaluate
 from components.schema import ConfigError
 from components.spark_node import docker_ssh_opts
@@ -56,6 +58,7 @@ def healthy() -> dict:
                                   for peer in FABRIC if peer != name}},
             "model": {"exists": True, "files": copy.deepcopy(MODEL_FILES), "config": dict(MODEL_CONFIG)},
             "memory": {"totalKib": 128 * 1024 * 1024},
+            "guard": {"inPlace": True},
         }
     facts["spark1"]["ports"] = {"6379": {"free": True}, "8265": {"free": True}, "8000": {"free": True}}
     return facts
@@ -565,6 +568,36 @@ def test_ports_without_ss_could_not_be_checked(tmp_path):
         "warn", "could not check: `ss` is not installed", "install iproute2 (ss) on the node")
 
 
+# ---- guard ----
+
+def test_the_guard_in_place_passes_and_a_missing_one_is_applied_by_up(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["guard"] = {"inPlace": False}
+    assert one(d, facts, "spark1", "guard") == (
+        "ok", f"Ray's ports are closed to all but enp1s0f1np1 and loopback (chain {chain_name('test', d.cluster)})", "")
+    assert one(d, facts, "spark2", "guard") == (
+        "ok", "the rules that close Ray's ports to all but enp1s0f1np1 are not in place; `up` applies them", "")
+
+
+def test_a_guard_that_cannot_be_checked_says_why(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark3"]["guard"] = {"unavailable": "sudo: a password is required"}
+    assert one(d, facts, "spark3", "guard") == (
+        "warn", "could not check: sudo: a password is required",
+        "let nvidia run iptables with `sudo -n`, or set ray.fabricGuard: false")
+
+
+def test_without_the_guard_there_is_no_guard_row_and_no_probe_for_it(tmp_path):
+    cfg = stack_config(write_catalog(tmp_path / "catalog", clusters=cluster_with(
+        lambda c: c["ray"].update(fabricGuard=False))), preflight={"enabled": True})
+    d = config.load("test", cfg, set(), ROOT)
+    facts = healthy()
+    for f in facts.values():
+        del f["guard"]
+    assert not any(check == "guard" for _, check in judged(d, facts))
+    assert preflight.probe_spec(d, d.cluster.head)["guard"] is None
+
+
 # ---- the table, and the program ----
 
 def test_the_table_lists_every_finding_with_its_fix(tmp_path):
@@ -574,7 +607,7 @@ def test_the_table_lists_every_finding_with_its_fix(tmp_path):
     assert lines[0].split() == ["node", "check", "result"]
     assert "spark2  weights       FAIL    spark2 lacks model-00003-of-00003.safetensors. Fix: " + RSYNC in lines
     assert "spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free" in lines
-    assert len(lines) == 1 + 3 * 8 + 1
+    assert len(lines) == 1 + 3 * 9 + 1
 
 
 def test_a_failure_stops_the_program_before_any_resource_with_the_whole_table(tmp_path, monkeypatch):
@@ -621,7 +654,7 @@ def test_the_probe_is_sent_with_the_docker_providers_ssh_options(tmp_path, monke
     assert argv[:len(opts) + 3] == ["ssh", *opts, "-p", "22"]
     assert any(o.startswith("ProxyCommand=ssh ") and o.endswith(" -W %h:%p nvidia@10.10.10.11") for o in argv)
     assert argv[-3:-1] == ["nvidia@192.168.200.2", "--"] and argv[-1].startswith("python3 - ")
-    spec = json.loads(argv[-1][len("python3 - "):].strip("'"))
+    spec = json.loads(shlex.split(argv[-1])[2])
     assert spec["peers"] == {"spark1": "192.168.200.1", "spark3": "192.168.200.3"} and spec["ports"] == []
     assert kw["timeout"] == 7 and kw["input"].startswith('"""Collects one node')
 
@@ -660,6 +693,18 @@ def test_the_probe_reports_a_missing_tool_as_unavailable():
     probe = load_probe()
     assert probe.gather("x", probe.sh, ["no-such-tool-here", "-L"], 5) == {"unavailable": "`no-such-tool-here` is "
                                                                                           "not installed"}
+
+
+@pytest.mark.parametrize("script, facts", [
+    ("exit 0", {"inPlace": True}),
+    ("exit 1", {"inPlace": False}),
+    ("echo 'iptables is not installed' >&2; exit 3", {"unavailable": "iptables is not installed"}),
+])
+def test_the_probe_reads_the_guards_check_exit_code(script, facts, monkeypatch):
+    probe = load_probe()
+    monkeypatch.setattr(probe.os, "geteuid", lambda: 0)
+    spec = {"guard": {"script": script, "chain": "svl-x"}, "stepTimeout": 5}
+    assert probe.gather("guard", probe.guard, spec) == facts
 
 
 def test_the_probe_runs_the_catalogs_gpu_stand_in():

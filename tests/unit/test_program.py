@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from components import config
+from components import config, preflight
+from components.fabric_guard import chain_name
 from components.ray_node import pinned_env
-from fixtures import KEY, stack_config, write_catalog
+from fixtures import KEY, cluster_with, stack_config, write_catalog
+from test_preflight_checks import healthy
 from harness import ROOT, plain_strings, run_program
 
 API_KEY = "sk-unit-test-api-key-123"
@@ -31,7 +34,8 @@ def env_of(reg) -> dict[str, str]:
 def test_one_provider_image_and_container_per_node(rec):
     assert rec.names("pulumi:providers:docker") == {"spark1-docker", "spark2-docker", "spark3-docker"}
     assert rec.names(CONTAINER) == {"ray-head-container", "ray-worker-spark2-container", "ray-worker-spark3-container"}
-    assert rec.names(COMMAND) == {"cluster-ready-gate", "vllm-serve-process", "serve-ready-gate"}
+    assert rec.names(COMMAND) == {"cluster-ready-gate", "vllm-serve-process", "serve-ready-gate",
+                                  *(f"fabric-guard-{n}-rules" for n in ("spark1", "spark2", "spark3"))}
     for node in ("spark1", "spark2", "spark3"):
         provider = rec.by_name(f"{node}-docker")
         assert rec.by_name(f"{node}-image").provider.startswith(provider.urn)
@@ -63,6 +67,49 @@ def test_graph_orders_head_workers_gate_serve_ready(rec):
     assert serve.urn in ready.dependencies and ready.inputs["triggers"] == [serve.id]
 
 
+def test_each_nodes_guard_goes_in_before_its_ray_container(rec, tmp_path):
+    chain = chain_name("test", config.load("test", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT).cluster)
+    assert re.fullmatch(r"svl-test-[0-9a-f]{8}", chain)
+    for node, host, container in (("spark1", "10.10.10.11", "ray-head-container"),
+                                  ("spark2", "192.168.200.2", "ray-worker-spark2-container"),
+                                  ("spark3", "10.10.10.13", "ray-worker-spark3-container")):
+        guard = rec.by_name(f"fabric-guard-{node}-rules")
+        assert guard.parent == rec.by_name(f"fabric-guard-{node}").urn
+        assert guard.urn in rec.by_name(container).dependencies
+        assert guard.inputs["connection"]["value"]["host"] == host
+        create = guard.inputs["create"]
+        ports = "6379 8265 6380 6381 6382 6383 6384 52365 10001 44217 44227 10002:19999"
+        assert create.startswith(f"if ! sudo -n true 2>/dev/null; then echo 'fabric guard on {node}: nvidia cannot")
+        assert create.endswith(f"fabric-guard apply {chain} enp1s0f1np1 'spark-vllm stack test' {ports}")
+        assert guard.inputs["delete"].endswith(f"fabric-guard remove {chain}")
+        # Unknown state (preflight off here): nothing forces a re-apply, so a no-op stays a no-op.
+        assert guard.inputs["triggers"] == ["applied"] and guard.ignore_changes == ["triggers"]
+        # New rules get a new chain, created before the old one is removed: Ray is never left open.
+        assert not guard.delete_before_replace and "*" in guard.replace_on_changes
+
+
+def test_a_guard_preflight_found_missing_gets_a_fresh_trigger(tmp_path, monkeypatch):
+    facts = healthy()
+    facts["spark2"]["guard"] = {"inPlace": False}
+    monkeypatch.setattr(preflight, "probe", lambda d, node: facts[node.name])
+    cfg = stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True})
+    first, second = run_program(cfg), run_program(cfg)
+    for rec in (first, second):
+        assert rec.by_name("fabric-guard-spark1-rules").inputs["triggers"] == ["applied"]
+        again = rec.by_name("fabric-guard-spark2-rules")
+        # The same chain name again: the old resource's (empty) delete goes first.
+        assert again.ignore_changes == [] and again.delete_before_replace
+    missing = [rec.by_name("fabric-guard-spark2-rules").inputs["triggers"][0] for rec in (first, second)]
+    assert missing[0] != missing[1] and "applied" not in missing
+
+
+def test_without_the_guard_ray_ports_are_still_pinned(tmp_path):
+    catalog = write_catalog(tmp_path / "catalog", clusters=cluster_with(lambda c: c["ray"].update(fabricGuard=False)))
+    rec = run_program(stack_config(catalog))
+    assert not any(name.startswith("fabric-guard") for name in rec.names())
+    assert "--node-manager-port=6380" in rec.by_name("ray-worker-spark2-container").inputs["command"]
+
+
 def test_containers_are_pinned_to_the_fabric(rec):
     for name, ip in (("ray-head-container", "192.168.200.1"), ("ray-worker-spark2-container", "192.168.200.2"),
                      ("ray-worker-spark3-container", "192.168.200.3")):
@@ -74,6 +121,7 @@ def test_containers_are_pinned_to_the_fabric(rec):
             assert env[var] == "enp1s0f1np1"
         assert env["MASTER_ADDR"] == "192.168.200.1"
         assert env["RAY_memory_monitor_refresh_ms"] == "0"
+        assert env["AUTOSCALER_METRIC_PORT"] == "44217" and env["DASHBOARD_METRIC_PORT"] == "44227"
         assert env["NCCL_IB_HCA"] == "rocep1s0f1"  # the cluster's extras
         assert f"--node-ip-address={ip}" in reg.inputs["command"]
         assert reg.inputs["entrypoints"] == ["ray"] and reg.inputs["command"][0] == "start"
@@ -94,6 +142,12 @@ def test_head_and_worker_ray_flags(rec):
     assert not any("0.0.0.0" in arg for arg in head)
     worker = rec.by_name("ray-worker-spark2-container").inputs["command"]
     assert "--address=192.168.200.1:6379" in worker and "--head" not in worker
+    # Every port Ray opens is pinned, so the fabric guard can close exactly those; the client server runs on the head.
+    pinned = ["--node-manager-port=6380", "--object-manager-port=6381", "--runtime-env-agent-port=6382",
+              "--dashboard-agent-grpc-port=6383", "--metrics-export-port=6384", "--dashboard-agent-listen-port=52365",
+              "--min-worker-port=10002", "--max-worker-port=19999"]
+    assert set(pinned) <= set(head) and set(pinned) <= set(worker)
+    assert "--ray-client-server-port=10001" in head and not any("client" in arg for arg in worker)
 
 
 def test_container_runtime_settings(rec):

@@ -16,6 +16,7 @@ SECRET_KEYS = ("spark-vllm:apiKey",)
 SERVE_CHAIN = {"vllm-serve-process", "serve-ready-gate"}
 GATE_AND_SERVE = {"cluster-ready-gate"} | SERVE_CHAIN
 CONTAINERS = {"ray-head-container", "ray-worker-spark2-container", "ray-worker-spark3-container"}
+GUARDS = {"fabric-guard-spark1-rules", "fabric-guard-spark2-rules", "fabric-guard-spark3-rules"}
 
 
 def deploy(tmp_path, clusters=None, models=None, **stack):
@@ -50,13 +51,14 @@ MATRIX = [
      {"ray-worker-spark3-container"} | GATE_AND_SERVE, set()),
     ("head's env", dict(clusters=cluster(lambda c: c["nodes"][0].update(env={"NCCL_DEBUG": "INFO"}))),
      CONTAINERS | GATE_AND_SERVE, set()),
-    ("ray port", dict(clusters=cluster(lambda c: c["ray"].update(port=6380))), CONTAINERS | GATE_AND_SERVE, set()),
+    ("ray port", dict(clusters=cluster(lambda c: c["ray"].update(port=6390))),
+     GUARDS | CONTAINERS | GATE_AND_SERVE, set()),
     ("cluster-wide env", dict(clusters=cluster(lambda c: c["env"].update(NCCL_DEBUG="INFO"))),
      CONTAINERS | GATE_AND_SERVE, set()),
     ("image", dict(models=models(lambda m: m["big"].update(image="vllm:b"))),
      CONTAINERS | GATE_AND_SERVE | {"spark1-image", "spark2-image", "spark3-image"}, set()),
     ("a node added", dict(clusters=FOUR_NODES, serve={"tensorParallel": 4}), GATE_AND_SERVE,
-     {"spark4-docker", "spark4-image", "ray-worker-spark4-container"}),
+     {"spark4-docker", "spark4-image", "fabric-guard-spark4-rules", "ray-worker-spark4-container"}),
 ]
 
 

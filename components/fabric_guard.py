@@ -1,0 +1,76 @@
+"""The fabric guard: Ray's ports answer only on the fabric and loopback of each node.
+
+Ray binds its GCS, raylet and worker ports on 0.0.0.0 whatever --node-ip-address says, and has no auth, so
+anyone on the management network could submit jobs. The guard is an iptables chain (components/remote/
+fabric_guard.sh) that resets connections to Ray's pinned ports arriving on any other interface.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import uuid
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_command as command
+
+from .config import ClusterSpec, NodeSpec
+from .remote import script
+
+
+def chain_name(stack: str, cluster: ClusterSpec) -> str:
+    """Per stack and rule set, within iptables' 28 characters: new rules go in under a new name before the old
+    chain is removed, so a change of ports never leaves Ray open."""
+    spec = " ".join([stack, cluster.fabric_interface, *cluster.guarded_ports])
+    return f"svl-{stack[:10]}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}"
+
+
+def guard_command(node: NodeSpec, *args: str) -> str:
+    """A shell command running the guard script as root: via `sudo -n` for another SSH user, with a plain error."""
+    run = shlex.join(["sh", "-c", script("fabric_guard.sh"), "fabric-guard", *args])
+    if node.ssh_user == "root":
+        return run
+    return (f"if ! sudo -n true 2>/dev/null; then echo 'fabric guard on {node.name}: {node.ssh_user} cannot run "
+            f"sudo without a password; allow it (iptables needs root) or set ray.fabricGuard: false' >&2; exit 4; fi;"
+            f" sudo -n {run}")
+
+
+@dataclass
+class FabricGuardArgs:
+    stack: str
+    cluster: ClusterSpec
+    node: NodeSpec
+    connection: command.remote.ConnectionArgs  # of this node
+    in_place: Optional[bool]  # preflight's finding: the current rules are there (True), not there (False), unknown
+
+
+class FabricGuard(pulumi.ComponentResource):
+    """The guard's chain on one node: applied before Ray starts there, removed on destroy.
+
+    `remote.Command` cannot read the rules back, so preflight checks them; rules that vanished (a reboot
+    flushes them) get a fresh trigger, which re-applies them, while rules in place leave the diff empty.
+    """
+
+    guard_id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: FabricGuardArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("spark-vllm:index:FabricGuard", name, None, opts)
+        chain, ports = chain_name(args.stack, args.cluster), args.cluster.guarded_ports
+        missing = args.in_place is False
+        rules = command.remote.Command(
+            f"{name}-rules",
+            connection=args.connection,
+            create=guard_command(args.node, "apply", chain, args.cluster.fabric_interface,
+                                 f"spark-vllm stack {args.stack}", *ports),
+            delete=guard_command(args.node, "remove", chain),
+            triggers=[uuid.uuid4().hex if missing else "applied"],
+            add_previous_output_in_env=False,
+            # Re-applying rules that vanished reuses the chain's name, so the old resource's delete must go first;
+            # new rules have a new name and go in before the old chain is removed.
+            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"], delete_before_replace=missing,
+                                        ignore_changes=[] if missing else ["triggers"]),
+        )
+        self.guard_id = rules.id
+        self.register_outputs({"guardId": self.guard_id, "chain": chain, "ports": ports})

@@ -1,0 +1,46 @@
+# The fabric guard: an iptables chain, hooked first into INPUT, that resets TCP connections to Ray's ports unless
+# they arrive on loopback or the fabric interface. Ray binds most of its ports on 0.0.0.0 and has no auth.
+#   sh -c "$(cat fabric_guard.sh)" fabric-guard apply CHAIN IFACE LABEL PORT...  (idempotent: rebuilds the chain)
+#   sh -c "$(cat fabric_guard.sh)" fabric-guard check CHAIN      exit 0 when the chain is hooked into INPUT
+#   sh -c "$(cat fabric_guard.sh)" fabric-guard remove CHAIN
+# Needs root; IPv6 gets the same rules where ip6tables exists. The chain's name carries a hash of its rules.
+set -eu
+action=$1 chain=$2
+shift 2
+if [ "$action" = apply ]; then
+  iface=$1 label=$2
+  shift 2
+fi
+if ! command -v iptables >/dev/null 2>&1; then
+  echo "fabric guard: iptables is not installed on $(hostname); install it or set ray.fabricGuard: false" >&2
+  exit 3
+fi
+tables=iptables
+if command -v ip6tables >/dev/null 2>&1 && ip6tables -w -S INPUT >/dev/null 2>&1; then
+  tables="iptables ip6tables"
+fi
+for t in $tables; do
+  case $action in
+    apply)
+      $t -w -N "$chain" 2>/dev/null || $t -w -F "$chain"
+      $t -w -A "$chain" -i lo -m comment --comment "$label" -j RETURN
+      $t -w -A "$chain" -i "$iface" -j RETURN
+      for port in "$@"; do
+        $t -w -A "$chain" -p tcp --dport "$port" -j REJECT --reject-with tcp-reset
+      done
+      $t -w -C INPUT -j "$chain" 2>/dev/null || $t -w -I INPUT 1 -j "$chain"
+      ;;
+    check)
+      $t -w -C INPUT -j "$chain" 2>/dev/null || exit 1
+      ;;
+    remove)
+      while $t -w -D INPUT -j "$chain" 2>/dev/null; do :; done
+      $t -w -F "$chain" 2>/dev/null || true
+      $t -w -X "$chain" 2>/dev/null || true
+      ;;
+    *)
+      echo "fabric guard: unknown action $action" >&2
+      exit 2
+      ;;
+  esac
+done
