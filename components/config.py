@@ -42,6 +42,7 @@ class SshSpec:
     key_file: Optional[str]  # None: the ssh agent
     known_hosts_file: Optional[str]
     strict_host_key_checking: str
+    control_persist_s: int  # how long a shared SSH connection outlives its last use; 0: no sharing
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,8 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
     user = ssh.str("user", "root")
     ssh_spec = SshSpec(key_file=ssh.str("keyFile", None), known_hosts_file=ssh.str("knownHostsFile", None),
                        strict_host_key_checking=ssh.choice("strictHostKeyChecking", ("yes", "accept-new", "no"),
-                                                           "accept-new"))
+                                                           "accept-new"),
+                       control_persist_s=ssh.int("controlPersistSeconds", 60, lo=0, hi=24 * 3600))
     ssh.done()
     fabric_interface = c.str("fabricInterface")
     ray = c.section("ray")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from typing import Optional
@@ -22,10 +23,20 @@ class SparkNodeArgs:
     private_key: Optional[pulumi.Input[str]] = None  # a secret; None uses the ssh agent
 
 
+# `~` is expanded by ssh itself, so the provider's inputs are the same on every workstation.
+CONTROL_DIR = "~/.cache/spark-vllm/ssh"
+
+
 def ssh_options(ssh: SshSpec) -> list[str]:
     """Options for the local `ssh` binary, which pulumi-docker runs to reach a node's Docker daemon."""
     opts = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=15",
             "-o", f"StrictHostKeyChecking={ssh.strict_host_key_checking}"]
+    if ssh.control_persist_s:
+        # pulumi-docker runs one ssh per Docker API connection; one shared connection a node (and hop) saves
+        # a key exchange each time. ssh does not create the socket's folder; it must be private.
+        os.makedirs(os.path.expanduser(CONTROL_DIR), mode=0o700, exist_ok=True)
+        opts += ["-o", "ControlMaster=auto", "-o", f"ControlPath={CONTROL_DIR}/%C",
+                 "-o", f"ControlPersist={ssh.control_persist_s}"]
     if ssh.known_hosts_file:
         opts += ["-o", f"UserKnownHostsFile={ssh.known_hosts_file}"]
     if ssh.key_file:
@@ -37,7 +48,9 @@ def docker_ssh_opts(ssh: SshSpec, jump: Optional[NodeSpec]) -> list[str]:
     opts = ssh_options(ssh)
     if jump is not None:
         # A ProxyCommand carries every option to the jump hop too; `ssh -J` would drop the -o options there.
-        hop = ["ssh", *opts, "-p", str(jump.ssh_port), "-W", "%h:%p", f"{jump.ssh_user}@{jump.ssh_host}"]
+        # ssh expands %-tokens in a ProxyCommand: the hop's own tokens (%C) must reach it as written.
+        hop = ["ssh", *(o.replace("%", "%%") for o in opts), "-p", str(jump.ssh_port), "-W", "%h:%p",
+               f"{jump.ssh_user}@{jump.ssh_host}"]
         opts += ["-o", "ProxyCommand=" + shlex.join(hop)]
     return opts
 

@@ -173,6 +173,19 @@ def test_nodes_behind_a_jump_host_use_it_for_docker_and_commands(rec):
     proxy = [o for o in opts if o.startswith("ProxyCommand=")]
     assert proxy and "-W %h:%p" in proxy[0] and "nvidia@10.10.10.11" in proxy[0]
     assert "IdentitiesOnly=yes" in proxy[0]  # the jump hop gets the same options
+    # One shared SSH connection a node and hop, not one a Docker API call.
+    for shared in ("ControlMaster=auto", "ControlPersist=60"):
+        assert shared in opts and shared in proxy[0]
+    # The hop's %C is escaped, or ssh would expand it in the ProxyCommand (and fail: "percent_expand").
+    assert "ControlPath=~/.cache/spark-vllm/ssh/%C" in opts and "ControlPath=~/.cache/spark-vllm/ssh/%%C" in proxy[0]
+
+
+def test_ssh_sharing_can_be_turned_off(tmp_path):
+    catalog = write_catalog(tmp_path / "catalog", clusters=cluster_with(
+        lambda c: c["ssh"].update(controlPersistSeconds=0)))
+    rec_opts = run_program(stack_config(catalog)).by_name("spark2-docker").inputs["sshOpts"]
+    opts = json.loads(rec_opts) if isinstance(rec_opts, str) else rec_opts
+    assert not any(o.startswith("Control") for o in opts) and not any("ControlMaster" in o for o in opts)
 
 
 def test_serve_flags(rec):
