@@ -34,6 +34,7 @@ except Exception as e:
 print("%s" + json.dumps(facts))
 """ % MARK
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+CACHE_DIR = os.path.expanduser("~/.cache/spark-vllm/preflight")
 CONFIG_KEYS = ("architectures", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                "hidden_size", "max_position_embeddings", "torch_dtype")
 CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
@@ -122,13 +123,28 @@ def image(spec):
             return {"present": False}
         raise Unavailable(f"`docker image inspect` failed: {error_line(err)}")
     facts = {"present": True, "id": out.strip()}
+    # An image id names its contents, so what is inside is read once per id: importing vLLM takes a while.
+    cache = os.path.join(CACHE_DIR, "inside-" + facts["id"].replace("sha256:", "") + ".json")
+    try:
+        with open(cache) as f:
+            facts["inside"] = json.load(f)
+        return facts
+    except (OSError, ValueError):
+        pass
     rc, out, err = sh(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", spec["image"],
                        "-c", INSIDE_IMAGE], spec["imageTimeout"])
     found = [line[len(MARK):] for line in out.splitlines() if line.startswith(MARK)]
     if rc != 0 or not found:
-        facts["inside"] = {"error": error_line(err or out)}
-    else:
-        facts["inside"] = json.loads(found[-1])
+        facts["inside"] = {"error": error_line(err or out)}  # not cached: the next run tries again
+        return facts
+    facts["inside"] = json.loads(found[-1])
+    try:
+        os.makedirs(CACHE_DIR, mode=0o700, exist_ok=True)
+        with open(cache + ".tmp", "w") as f:
+            json.dump(facts["inside"], f)
+        os.replace(cache + ".tmp", cache)
+    except OSError:
+        pass  # a read-only home only costs the next run the same time
     return facts
 
 

@@ -707,6 +707,31 @@ def test_the_probe_reads_the_guards_check_exit_code(script, facts, monkeypatch):
     assert probe.gather("guard", probe.guard, spec) == facts
 
 
+def test_the_probe_reads_inside_an_image_once_per_image_id(tmp_path, monkeypatch):
+    bin_dir, runs = tmp_path / "bin", tmp_path / "runs"
+    bin_dir.mkdir()
+    # A stand-in docker: `image inspect` prints an id, `run` counts itself and prints what the image holds.
+    (bin_dir / "docker").write_text(f"""#!/bin/sh
+case "$1" in
+  image) echo sha256:$(cat {tmp_path}/id) ;;
+  run) echo run >> {runs}; echo '{preflight.MARK}{{"ray": "2.60.0", "vllm": "0.11.0", "archs": ["A"]}}' ;;
+esac
+""")
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    probe = load_probe()
+    spec = {"image": "vllm:a", "stepTimeout": 5, "imageTimeout": 5}
+    (tmp_path / "id").write_text("ab12")
+    first, second = probe.image(spec), probe.image(spec)
+    assert first == second == {"present": True, "id": "sha256:ab12",
+                               "inside": {"ray": "2.60.0", "vllm": "0.11.0", "archs": ["A"]}}
+    assert runs.read_text().count("run") == 1
+    assert (tmp_path / "home/.cache/spark-vllm/preflight/inside-ab12.json").exists()
+    (tmp_path / "id").write_text("cd34")  # a new image under the same tag is read again
+    assert probe.image(spec)["id"] == "sha256:cd34" and runs.read_text().count("run") == 2
+
+
 def test_the_probe_runs_the_catalogs_gpu_stand_in():
     probe = load_probe()
     spec = {"gpuProbe": "echo 'GPU 0: NVIDIA GB10 (UUID: GPU-1234)'; echo 'GPU 1: NVIDIA GB10 (stand-in)'",
