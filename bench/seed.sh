@@ -30,8 +30,13 @@ run_flags="--network host --ipc host --shm-size 256m
 env_flags() {  # the node's fabric IP
   echo "-e VLLM_DOUBLE_SHARD_DELAY_S=0.5 -e VLLM_HOST_IP=$1 -e NCCL_SOCKET_IFNAME=$IFACE -e GLOO_SOCKET_IFNAME=$IFACE
     -e UCX_NET_DEVICES=$IFACE -e TP_SOCKET_IFNAME=$IFACE -e OMPI_MCA_btl_tcp_if_include=$IFACE
-    -e MASTER_ADDR=$HEAD_IP -e RAY_memory_monitor_refresh_ms=0"
+    -e MASTER_ADDR=$HEAD_IP -e RAY_memory_monitor_refresh_ms=0
+    -e AUTOSCALER_METRIC_PORT=44217 -e DASHBOARD_METRIC_PORT=44227"
 }
+# Ray's fixed ports, pinned as spark-vllm pins them (the seed left them to Ray; it changes no timing).
+ports="--runtime-env-agent-port=6380 --dashboard-agent-grpc-port=6381 --metrics-export-port=6382
+  --dashboard-agent-listen-port=52365"
+workers="--min-worker-port=10002 --max-worker-port=19999"
 
 echo "stop everything"
 $ssh $HEAD docker rm -f seed-ray-head
@@ -40,11 +45,13 @@ $ssh $WORKER docker rm -f seed-ray-worker
 echo "start head"
 $ssh $HEAD docker run -d --name seed-ray-head $run_flags $(env_flags $HEAD_IP) $IMAGE \
   start --head --port=6379 --dashboard-host=$HEAD_IP --dashboard-port=8265 \
-  --node-ip-address=$HEAD_IP --num-gpus=1 --disable-usage-stats --block
+  --node-ip-address=$HEAD_IP --num-gpus=1 $ports --ray-client-server-port=10001 $workers \
+  --disable-usage-stats --block
 
 echo "start worker"
 $ssh $WORKER docker run -d --name seed-ray-worker $run_flags $(env_flags $WORKER_IP) $IMAGE \
-  start --address=$HEAD_IP:6379 --node-ip-address=$WORKER_IP --num-gpus=1 --disable-usage-stats --block
+  start --address=$HEAD_IP:6379 --node-ip-address=$WORKER_IP --num-gpus=1 $ports $workers \
+  --disable-usage-stats --block
 
 sleep 5
 

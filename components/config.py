@@ -86,10 +86,11 @@ class ClusterSpec:
 
     @property
     def guarded_ports(self) -> list[str]:
-        """Every TCP port Ray listens on, as iptables --dport values ("6379", "10002:19999")."""
+        """Every TCP port Ray listens on, as iptables --dport values ("6379", "10002:19999"); "ephemeral" is the
+        node's own ip_local_port_range, where the raylet's random ports are."""
         low, high = self.worker_ports
         fixed = (self.ray_port, self.dashboard_port, *self.ray_ports.values(), *self.ray_port_env.values())
-        return [str(p) for p in fixed] + [f"{low}:{high}"]
+        return [str(p) for p in fixed] + [f"{low}:{high}", "ephemeral"]
 
 
 @dataclass(frozen=True)
@@ -131,11 +132,13 @@ class Deployment:
 DEFAULT_ULIMITS = {"memlock": -1, "stack": 67108864, "nofile": 1048576}
 # Ray's fixed ports besides the GCS and the dashboard: `ray start` flag -> (key under `ray:`, default). Ray binds
 # most of its ports on 0.0.0.0 whatever --node-ip-address says, and has no auth: pinning them lets the fabric guard
-# close exactly these on every other network. Where Ray has a default it is kept; the others would be random.
-RAY_PORTS = {"node-manager-port": ("nodeManagerPort", 6380), "object-manager-port": ("objectManagerPort", 6381),
-             "runtime-env-agent-port": ("runtimeEnvAgentPort", 6382),
-             "dashboard-agent-grpc-port": ("dashboardAgentGrpcPort", 6383),
-             "metrics-export-port": ("metricsExportPort", 6384),
+# close exactly these on every other network. Where Ray has a default it is kept. The raylet's node manager and
+# object manager stay on random (ephemeral) ports, which the guard closes as a range: pinned, a rebooted node's
+# new raylet took over its dead predecessor's address, and the GCS kept reserving its GPU for the old node's
+# placement group bundles (seen in the lab).
+RAY_PORTS = {"runtime-env-agent-port": ("runtimeEnvAgentPort", 6380),
+             "dashboard-agent-grpc-port": ("dashboardAgentGrpcPort", 6381),
+             "metrics-export-port": ("metricsExportPort", 6382),
              "dashboard-agent-listen-port": ("dashboardAgentPort", 52365),
              "ray-client-server-port": ("clientServerPort", 10001)}
 # Two metrics servers on the head that `ray start` has no flag for; Ray reads their ports from the environment.

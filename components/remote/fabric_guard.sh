@@ -1,5 +1,7 @@
-# The fabric guard: an iptables chain, hooked first into INPUT, that resets TCP connections to Ray's ports unless
-# they arrive on loopback or the fabric interface. Ray binds most of its ports on 0.0.0.0 and has no auth.
+# The fabric guard: an iptables chain, hooked first into INPUT, that resets new TCP connections to Ray's ports
+# unless they arrive on loopback or the fabric interface. Ray binds most of its ports on 0.0.0.0 and has no auth.
+# PORT "ephemeral" is this node's ip_local_port_range, where random listening ports come from; only SYNs are
+# refused, so replies to the node's own outgoing connections (which use those ports) still arrive.
 #   sh -c "$(cat fabric_guard.sh)" fabric-guard apply CHAIN IFACE LABEL PORT...  (idempotent: rebuilds the chain)
 #   sh -c "$(cat fabric_guard.sh)" fabric-guard check CHAIN      exit 0 when the chain is hooked into INPUT
 #   sh -c "$(cat fabric_guard.sh)" fabric-guard remove CHAIN
@@ -26,7 +28,8 @@ for t in $tables; do
       $t -w -A "$chain" -i lo -m comment --comment "$label" -j RETURN
       $t -w -A "$chain" -i "$iface" -j RETURN
       for port in "$@"; do
-        $t -w -A "$chain" -p tcp --dport "$port" -j REJECT --reject-with tcp-reset
+        [ "$port" = ephemeral ] && port=$(tr -s '[:space:]' : < /proc/sys/net/ipv4/ip_local_port_range | sed 's/:$//')
+        $t -w -A "$chain" -p tcp --syn --dport "$port" -j REJECT --reject-with tcp-reset
       done
       $t -w -C INPUT -j "$chain" 2>/dev/null || $t -w -I INPUT 1 -j "$chain"
       ;;

@@ -83,7 +83,7 @@ def exposed_listeners(node: int) -> dict[int, str]:
 
 def guarded(node: int) -> set[int]:
     ports = set()
-    for rule in re.findall(r"--dport (\S+) -j REJECT", node_sh(node, "iptables -S")):
+    for rule in re.findall(r"--dport (\S+) .*-j REJECT", node_sh(node, "iptables -S")):
         low, _, high = rule.partition(":")
         ports |= set(range(int(low), int(high or low) + 1))
     return ports

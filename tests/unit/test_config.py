@@ -116,7 +116,7 @@ BAD = [
     ("api port clashes with dashboard", dict(clusters=cluster_with(lambda c: c.update(api={"port": 8265}))),
      CLUSTERS, "c3.api.port", "is 8265, which ray.dashboardPort also uses", "a port no other Ray or API port uses"),
     ("api port clashes with a pinned ray port", dict(clusters=cluster_with(lambda c: c.update(api={"port": 6381}))),
-     CLUSTERS, "c3.api.port", "is 6381, which ray.objectManagerPort also uses",
+     CLUSTERS, "c3.api.port", "is 6381, which ray.dashboardAgentGrpcPort also uses",
      "a port no other Ray or API port uses"),
     ("api port inside the worker ports", dict(clusters=cluster_with(lambda c: c.update(api={"port": 12000}))),
      CLUSTERS, "c3.api.port", "is 12000, inside Ray's worker ports",

@@ -78,7 +78,7 @@ def test_each_nodes_guard_goes_in_before_its_ray_container(rec, tmp_path):
         assert guard.urn in rec.by_name(container).dependencies
         assert guard.inputs["connection"]["value"]["host"] == host
         create = guard.inputs["create"]
-        ports = "6379 8265 6380 6381 6382 6383 6384 52365 10001 44217 44227 10002:19999"
+        ports = "6379 8265 6380 6381 6382 52365 10001 44217 44227 10002:19999 ephemeral"
         assert create.startswith(f"if ! sudo -n true 2>/dev/null; then echo 'fabric guard on {node}: nvidia cannot")
         assert create.endswith(f"fabric-guard apply {chain} enp1s0f1np1 'spark-vllm stack test' {ports}")
         assert guard.inputs["delete"].endswith(f"fabric-guard remove {chain}")
@@ -107,7 +107,7 @@ def test_without_the_guard_ray_ports_are_still_pinned(tmp_path):
     catalog = write_catalog(tmp_path / "catalog", clusters=cluster_with(lambda c: c["ray"].update(fabricGuard=False)))
     rec = run_program(stack_config(catalog))
     assert not any(name.startswith("fabric-guard") for name in rec.names())
-    assert "--node-manager-port=6380" in rec.by_name("ray-worker-spark2-container").inputs["command"]
+    assert "--runtime-env-agent-port=6380" in rec.by_name("ray-worker-spark2-container").inputs["command"]
 
 
 def test_containers_are_pinned_to_the_fabric(rec):
@@ -143,8 +143,7 @@ def test_head_and_worker_ray_flags(rec):
     worker = rec.by_name("ray-worker-spark2-container").inputs["command"]
     assert "--address=192.168.200.1:6379" in worker and "--head" not in worker
     # Every port Ray opens is pinned, so the fabric guard can close exactly those; the client server runs on the head.
-    pinned = ["--node-manager-port=6380", "--object-manager-port=6381", "--runtime-env-agent-port=6382",
-              "--dashboard-agent-grpc-port=6383", "--metrics-export-port=6384", "--dashboard-agent-listen-port=52365",
+    pinned = ["--runtime-env-agent-port=6380", "--dashboard-agent-grpc-port=6381", "--metrics-export-port=6382", "--dashboard-agent-listen-port=52365",
               "--min-worker-port=10002", "--max-worker-port=19999"]
     assert set(pinned) <= set(head) and set(pinned) <= set(worker)
     assert "--ray-client-server-port=10001" in head and not any("client" in arg for arg in worker)
