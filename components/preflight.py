@@ -22,7 +22,7 @@ from typing import Optional
 
 import pulumi
 
-from .config import Deployment, NodeSpec
+from .config import ClusterSpec, Deployment, NodeSpec
 from .ray_node import container_name
 from .remote import script
 from .spark_node import ssh_argv
@@ -337,20 +337,20 @@ def weight_differences(model: dict, ref_model: dict, hash_weights: bool) -> tupl
     return missing, differ, changed
 
 
-def sync_needed(d: Deployment, facts: dict[str, dict]) -> dict[str, bool]:
+def sync_needed(cluster: ClusterSpec, hash_weights: bool, facts: dict[str, dict]) -> dict[str, bool]:
     """Worker -> whether its weights are known to differ from the head's (what preflight.syncWeights copies).
 
     A worker whose weights could not be read is not synced: its row already says `could not check`."""
-    head = facts.get(d.cluster.head.name, {}).get("model", {})
+    head = facts.get(cluster.head.name, {}).get("model", {})
     needed = {}
-    for node in d.cluster.workers:
+    for node in cluster.workers:
         model = facts.get(node.name, {}).get("model", {})
         if not head.get("exists") or "unavailable" in model or "exists" not in model:
             needed[node.name] = False
         elif not model["exists"]:
             needed[node.name] = not model.get("isFile")
         else:
-            needed[node.name] = any(weight_differences(model, head, d.preflight.hash_weights))
+            needed[node.name] = any(weight_differences(model, head, hash_weights))
     return needed
 
 
@@ -387,7 +387,8 @@ def check_weights(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[st
     files = dict(model["files"])
     weights = {name: n for name, n in files.items() if name.endswith(WEIGHT_SUFFIXES)}
     if not weights:
-        return differs(f"{path} holds no *.safetensors, *.bin or *.pt files", copy_from or "copy the complete checkpoint")
+        return differs(f"{path} holds no *.safetensors, *.bin or *.pt files",
+                       copy_from or "copy the complete checkpoint")
     summary = f"{len(weights)} weight file{'s' if len(weights) != 1 else ''}, {size(sum(weights.values()))}"
     if ref is None or ref[0] == node.name:
         return Finding(node.name, "weights", "ok", summary + _hash_note(d, model, None))

@@ -472,6 +472,10 @@ def test_hashed_weights_name_a_shard_whose_contents_differ(tmp_path):
         "fail", "spark2's model-00002-of-00003.safetensors differs from spark1's (SHA-256)", RSYNC)
 
 
+def needed(d, facts) -> dict[str, bool]:
+    return preflight.sync_needed(d.cluster, d.preflight.hash_weights, facts)
+
+
 SYNC = "will sync from spark1 over the fabric (spark-vllm:preflight.syncWeights)"
 
 
@@ -482,7 +486,7 @@ def test_with_sync_on_what_the_sync_repairs_warns_and_names_the_head(tmp_path):
     assert one(d, facts, "spark2", "weights") == (
         "warn", f"spark2 lacks model-00003-of-00003.safetensors; {SYNC}", "")
     assert one(d, facts, "spark3", "weights") == ("warn", f"/models/big is not there on spark3; {SYNC}", "")
-    assert preflight.sync_needed(d, facts) == {"spark2": True, "spark3": True}
+    assert needed(d, facts) == {"spark2": True, "spark3": True}
     facts["spark3"]["model"] = {"exists": True, "files": [["config.json", 900]]}
     assert one(d, facts, "spark3", "weights") == (
         "warn", f"/models/big holds no *.safetensors, *.bin or *.pt files; {SYNC}", "")
@@ -491,7 +495,7 @@ def test_with_sync_on_what_the_sync_repairs_warns_and_names_the_head(tmp_path):
 def test_with_sync_on_equal_weights_pass_and_need_no_sync(tmp_path):
     d, facts = deployment(tmp_path, syncWeights=True), healthy()
     facts["spark3"]["model"]["files"].append(["notes.txt", 5])  # extra files are not the sync's business
-    assert preflight.sync_needed(d, facts) == {"spark2": False, "spark3": False}
+    assert needed(d, facts) == {"spark2": False, "spark3": False}
     assert one(d, facts, "spark2", "weights")[0] == "ok" and one(d, facts, "spark3", "weights")[0] == "warn"
 
 
@@ -507,9 +511,9 @@ def test_with_sync_and_hashes_every_difference_is_named_and_synced(tmp_path):
                 f"model-00002-of-00003.safetensors differs from spark1's (SHA-256); {SYNC}", "")
     facts["spark2"]["model"]["files"][1] = [SHARDS[0], 6 * GIB]
     facts["spark2"]["model"]["sha256"][SHARDS[0]] = "0" * 64
-    assert preflight.sync_needed(d, facts) == {"spark2": True, "spark3": False}
+    assert needed(d, facts) == {"spark2": True, "spark3": False}
     d_sizes = deployment(tmp_path / "sizes", syncWeights=True)  # without hashWeights, same sizes are the same
-    assert preflight.sync_needed(d_sizes, facts) == {"spark2": False, "spark3": False}
+    assert needed(d_sizes, facts) == {"spark2": False, "spark3": False}
 
 
 def test_with_sync_on_a_node_without_rsync_still_fails(tmp_path):
@@ -532,14 +536,14 @@ def test_with_sync_on_what_it_cannot_repair_still_fails(tmp_path):
         "fail", "/models/big is not there on spark1", "copy them from spark3 over the fabric: on spark3, rsync -a "
                                                       "--progress /models/big/ nvidia@192.168.200.1:/models/big/")
     assert one(d, facts, "spark3", "weights")[0] == "ok"  # spark3 is the reference now
-    assert preflight.sync_needed(d, facts) == {"spark2": False, "spark3": False}
+    assert needed(d, facts) == {"spark2": False, "spark3": False}
 
 
 def test_weights_that_could_not_be_read_are_not_synced(tmp_path):
     d, facts = deployment(tmp_path, syncWeights=True), healthy()
     facts["spark2"]["model"] = {"unavailable": "permission denied on /models/big"}
     del facts["spark3"]["model"]
-    assert preflight.sync_needed(d, facts) == {"spark2": False, "spark3": False}
+    assert needed(d, facts) == {"spark2": False, "spark3": False}
 
 
 def test_unreadable_weights_could_not_be_checked(tmp_path):
