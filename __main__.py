@@ -10,9 +10,10 @@ from components.ray_node import RayNode, RayNodeArgs
 from components.serve_ready import ServeReady, ServeReadyArgs
 from components.spark_node import SparkNode, SparkNodeArgs
 from components.vllm_serve import VllmServe, VllmServeArgs
+from components.weights_sync import WeightsSync, WeightsSyncArgs
 
 d = config.from_pulumi(Path(__file__).parent)
-preflight.run(d)  # before any resource: a failed check leaves the stack as it was
+facts = preflight.run(d)  # before any resource: a failed check leaves the stack as it was
 cluster, serve = d.cluster, d.serve
 stack_config = pulumi.Config(config.NAMESPACE)
 private_key = pulumi.Output.secret(d.ssh_private_key) if d.ssh_private_key else None
@@ -24,12 +25,16 @@ sparks = {
     for node in cluster.nodes
 }
 head_spark = sparks[cluster.head.name]
+sync = WeightsSync("weights-sync", WeightsSyncArgs(
+    cluster=cluster, serve=serve, checks=d.preflight, facts=facts, connection=head_spark.connection,
+    private_key=private_key)) if d.preflight.sync_weights else None
 head = RayNode("ray-head", RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=cluster.head,
                                        spark=head_spark))
 workers = {
     node.name: RayNode(f"ray-worker-{node.name}",
                        RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name],
-                                   head_container_id=head.container_id))
+                                   head_container_id=head.container_id,
+                                   weights_synced=sync.synced[node.name] if sync else None))
     for node in cluster.workers
 }
 cluster_ready = ClusterReady("cluster-ready", ClusterReadyArgs(

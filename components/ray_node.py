@@ -60,6 +60,7 @@ class RayNodeArgs:
     node: NodeSpec
     spark: SparkNode
     head_container_id: Optional[pulumi.Input[str]] = None  # set for workers: ties them to one head
+    weights_synced: Optional[pulumi.Resource] = None  # the node's weights sync: the weights are in place first
 
 
 class RayNode(pulumi.ComponentResource):
@@ -99,7 +100,8 @@ class RayNode(pulumi.ComponentResource):
                      for name, limit in sorted(cluster.ulimits.items())],
             mounts=mounts,
             restart="no",  # a restarted node leaves this down, and `pulumi up --refresh` rebuilds the chain
-            opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True),
+            opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
+                                        depends_on=[args.weights_synced] if args.weights_synced else None),
         )
         self.container_id = container.id
         self.register_outputs({"containerId": self.container_id, "containerName": self.container_name,
