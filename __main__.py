@@ -44,7 +44,8 @@ cluster_ready = ClusterReady("cluster-ready", ClusterReadyArgs(
 vllm = VllmServe("vllm-serve", VllmServeArgs(
     cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
     cluster_ready_id=cluster_ready.ready_id,
-    secrets={key: stack_config.require_secret(key) for key in d.secrets}))
+    secrets={key: stack_config.require_secret(key) for key in d.secrets},
+    nodes={name: spark.connection for name, spark in sparks.items()}))
 serve_ready = ServeReady("serve-ready", ServeReadyArgs(
     cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
     serve_id=vllm.serve_id, timeout_s=d.serve_ready_timeout_s))
