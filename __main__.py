@@ -11,6 +11,7 @@ from components.ray_node import RayNode, RayNodeArgs
 from components.serve_ready import ServeReady, ServeReadyArgs
 from components.spark_node import SparkNode, SparkNodeArgs
 from components.vllm_serve import VllmServe, VllmServeArgs
+from components.weights_sync import WeightsSync, WeightsSyncArgs
 
 d = config.from_pulumi(Path(__file__).parent)
 facts = preflight.run(d)  # before any resource: a failed check leaves the stack as it was
@@ -31,12 +32,16 @@ guards = {
     for node in cluster.nodes if cluster.fabric_guard
 }
 head_spark = sparks[cluster.head.name]
+sync = WeightsSync("weights-sync", WeightsSyncArgs(
+    cluster=cluster, serve=serve, checks=d.preflight, facts=facts, connection=head_spark.connection,
+    private_key=private_key)) if d.preflight.sync_weights else None
 head = RayNode("ray-head", RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=cluster.head,
                                        spark=head_spark, guard=guards.get(cluster.head.name)))
 workers = {
     node.name: RayNode(f"ray-worker-{node.name}",
                        RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name],
-                                   head_container_id=head.container_id, guard=guards.get(node.name)))
+                                   head_container_id=head.container_id, guard=guards.get(node.name),
+                                   weights_synced=sync.synced[node.name] if sync else None))
     for node in cluster.workers
 }
 cluster_ready = ClusterReady("cluster-ready", ClusterReadyArgs(
@@ -46,7 +51,8 @@ cluster_ready = ClusterReady("cluster-ready", ClusterReadyArgs(
 vllm = VllmServe("vllm-serve", VllmServeArgs(
     cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
     cluster_ready_id=cluster_ready.ready_id,
-    secrets={key: stack_config.require_secret(key) for key in d.secrets}))
+    secrets={key: stack_config.require_secret(key) for key in d.secrets},
+    nodes={name: spark.connection for name, spark in sparks.items()}))
 serve_ready = ServeReady("serve-ready", ServeReadyArgs(
     cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
     serve_id=vllm.serve_id, timeout_s=d.serve_ready_timeout_s))

@@ -107,6 +107,7 @@ class ServeSpec:
     load_format: str
     max_num_seqs: Optional[int]
     extra_args: tuple[str, ...]
+    drop_page_cache: bool = False  # drop every node's page cache before each start of the serve (needs root)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,8 @@ class PreflightSpec:
     enabled: bool
     hash_weights: bool  # compare the shards' SHA-256 too, not only names and sizes (slow)
     timeout_s: int  # bound on each node's probe, SSH included
+    sync_weights: bool = False  # copy missing or different files from the head to the workers over the fabric
+    sync_timeout_s: int = 3600  # bound on each worker's sync
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,12 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
     timeouts.done()
     checks = top.section("preflight")
     preflight = PreflightSpec(enabled=checks.bool("enabled", True), hash_weights=checks.bool("hashWeights", False),
-                              timeout_s=checks.int("timeoutSeconds", 60, lo=5, hi=4 * 3600))
+                              timeout_s=checks.int("timeoutSeconds", 60, lo=5, hi=4 * 3600),
+                              sync_weights=checks.bool("syncWeights", False),
+                              sync_timeout_s=checks.int("syncTimeoutSeconds", 3600, lo=10, hi=24 * 3600))
+    if preflight.sync_weights and not preflight.enabled:
+        raise checks.error("syncWeights", True, "false while preflight.enabled is false",
+                           "is true, but the sync acts on what preflight finds, and preflight is off")
     checks.done()
     secrets = []
     for key in SECRET_KEYS:
@@ -351,7 +359,8 @@ def _serve(preset: Section, overrides: Section, model_name: str) -> ServeSpec:
                      enforce_eager=pick("enforceEager").bool("enforceEager", True),
                      load_format=pick("loadFormat").choice("loadFormat", LOAD_FORMATS, "auto"),
                      max_num_seqs=pick("maxNumSeqs").int("maxNumSeqs", None, lo=1, hi=65536),
-                     extra_args=pick("extraArgs").str_list("extraArgs", ()))
+                     extra_args=pick("extraArgs").str_list("extraArgs", ()),
+                     drop_page_cache=pick("dropPageCache").bool("dropPageCache", False))
     preset.done()
     overrides._read |= preset._read  # the stack may override any preset key
     overrides.done()

@@ -5,6 +5,9 @@ included), with components/remote/preflight_probe.py, which only gathers facts. 
 all nodes together, into one table: node x check -> ok, warn or fail, with a one-line reason and the fix.
 Warnings are printed and the program goes on; any failure stops it with the whole table, before anything
 is created, replaced or deleted. It registers no resource, so a no-op preview still has no changes.
+`run()` returns every node's facts: with `preflight.syncWeights`, components/weights_sync.py decides from the
+weights manifests in them whether a worker's weights need copying, and a difference there is a warning
+("will sync from <head>") instead of a failure.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Optional
 
 import pulumi
 
-from .config import Deployment, NodeSpec
+from .config import ClusterSpec, Deployment, NodeSpec
 from .fabric_guard import chain_name
 from .ray_node import container_name
 from .remote import script
@@ -51,7 +54,8 @@ class Finding:
 def run(d: Deployment) -> dict[str, dict]:
     """Probes, judges and reports; raises pulumi.RunError (no traceback) with the table if any check failed.
 
-    Returns each node's facts ({} when preflight is off), for the resources whose diff depends on them.
+    Returns each node's facts by node name ({} when preflight is off), for the resources whose diff depends on
+    them.
     """
     if not d.preflight.enabled:
         pulumi.log.info("preflight is off (spark-vllm:preflight.enabled is false): the nodes were not checked")
@@ -85,7 +89,7 @@ def probe_spec(d: Deployment, node: NodeSpec) -> dict:
             "guard": {"script": script("fabric_guard.sh"), "chain": chain_name(d.stack, cluster)}
             if cluster.fabric_guard else None,
             "gpuProbe": cluster.gpu_probe, "dockerGpus": cluster.docker_gpus, "hashWeights": d.preflight.hash_weights,
-            "stepTimeout": STEP_TIMEOUT_S, "imageTimeout": IMAGE_TIMEOUT_S}
+            "syncWeights": d.preflight.sync_weights, "stepTimeout": STEP_TIMEOUT_S, "imageTimeout": IMAGE_TIMEOUT_S}
 
 
 def ssh_target(d: Deployment, node: NodeSpec) -> str:
@@ -333,6 +337,35 @@ def _some(names: list[str]) -> str:
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
+def weight_differences(model: dict, ref_model: dict, hash_weights: bool) -> tuple[list, list, list]:
+    """What a node's weights lack against the reference's: (missing, sizes that differ, SHA-256 that differs)."""
+    files, theirs = dict(model.get("files", [])), dict(ref_model["files"])
+    missing = sorted(set(theirs) - set(files))
+    differ = sorted(name for name in set(theirs) & set(files) if theirs[name] != files[name])
+    changed = []
+    if hash_weights:
+        mine, other = model.get("sha256", {}), ref_model.get("sha256", {})
+        changed = sorted(name for name in set(mine) & set(other) if mine[name] != other[name] and name not in differ)
+    return missing, differ, changed
+
+
+def sync_needed(cluster: ClusterSpec, hash_weights: bool, facts: dict[str, dict]) -> dict[str, bool]:
+    """Worker -> whether its weights are known to differ from the head's (what preflight.syncWeights copies).
+
+    A worker whose weights could not be read is not synced: its row already says `could not check`."""
+    head = facts.get(cluster.head.name, {}).get("model", {})
+    needed = {}
+    for node in cluster.workers:
+        model = facts.get(node.name, {}).get("model", {})
+        if not head.get("exists") or "unavailable" in model or "exists" not in model:
+            needed[node.name] = False
+        elif not model["exists"]:
+            needed[node.name] = not model.get("isFile")
+        else:
+            needed[node.name] = any(weight_differences(model, head, hash_weights))
+    return needed
+
+
 def check_weights(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[str, dict]]) -> Finding:
     model, path = f.get("model", {}), d.serve.model_path
     if "unavailable" in model:
@@ -341,21 +374,38 @@ def check_weights(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[st
     if ref and ref[0] != node.name:
         copy_from = (f"copy them from {ref[0]} over the fabric: on {ref[0]}, rsync -a --progress {path}/ "
                      f"{node.ssh_user}@{node.fabric_ip}:{path}/")
+    head = d.cluster.head.name
+    syncs = d.preflight.sync_weights and ref is not None and ref[0] == head and ref[0] != node.name
+
+    def differs(reason: str, fix: Optional[str]) -> Finding:
+        """A difference the sync can repair is a warning when it is on, and a failure otherwise."""
+        if not syncs:
+            return Finding(node.name, "weights", "fail", reason, fix)
+        lacking = [name for name, facts in ((head, ref[1]), (node.name, f)) if facts.get("rsync") is False]
+        if lacking:
+            return Finding(node.name, "weights", "fail",
+                           f"{reason}; spark-vllm:preflight.syncWeights cannot copy them: rsync is not installed on "
+                           f"{' and '.join(lacking)}",
+                           f"install rsync on {' and '.join(lacking)} (`sudo apt-get install rsync`)")
+        return Finding(node.name, "weights", "warn",
+                       f"{reason}; will sync from {head} over the fabric (spark-vllm:preflight.syncWeights)")
+
     if not model["exists"]:
-        what = "is a file, not a folder" if model.get("isFile") else "is not there"
-        return Finding(node.name, "weights", "fail", f"{path} {what} on {node.name}",
+        if model.get("isFile"):
+            return Finding(node.name, "weights", "fail", f"{path} is a file, not a folder on {node.name}",
+                           copy_from or f"put the model's weights at {path} on every node")
+        return differs(f"{path} is not there on {node.name}",
                        copy_from or f"put the model's weights at {path} on every node")
     files = dict(model["files"])
     weights = {name: n for name, n in files.items() if name.endswith(WEIGHT_SUFFIXES)}
     if not weights:
-        return Finding(node.name, "weights", "fail", f"{path} holds no *.safetensors, *.bin or *.pt files",
+        return differs(f"{path} holds no *.safetensors, *.bin or *.pt files",
                        copy_from or "copy the complete checkpoint")
     summary = f"{len(weights)} weight file{'s' if len(weights) != 1 else ''}, {size(sum(weights.values()))}"
     if ref is None or ref[0] == node.name:
         return Finding(node.name, "weights", "ok", summary + _hash_note(d, model, None))
     theirs = dict(ref[1]["model"]["files"])
-    missing = sorted(set(theirs) - set(files))
-    differ = sorted(name for name in set(theirs) & set(files) if theirs[name] != files[name])
+    missing, differ, changed = weight_differences(model, ref[1]["model"], d.preflight.hash_weights)
     extra = sorted(set(files) - set(theirs))
     problems = []
     if missing:
@@ -364,14 +414,11 @@ def check_weights(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[st
                  for name in differ[:3]]
     if len(differ) > 3:
         problems.append(f"{len(differ) - 3} more files differ in size")
-    if not problems and d.preflight.hash_weights:
-        mine, other = model.get("sha256", {}), ref[1]["model"].get("sha256", {})
-        changed = sorted(name for name in set(mine) & set(other) if mine[name] != other[name])
-        if changed:
-            problems.append(f"{node.name}'s {_some(changed)} differ{'s' if len(changed) == 1 else ''} "
-                            f"from {ref[0]}'s (SHA-256)")
+    if changed and (not problems or syncs):
+        problems.append(f"{node.name}'s {_some(changed)} differ{'s' if len(changed) == 1 else ''} "
+                        f"from {ref[0]}'s (SHA-256)")
     if problems:
-        return Finding(node.name, "weights", "fail", "; ".join(problems), copy_from)
+        return differs("; ".join(problems), copy_from)
     if extra:
         return Finding(node.name, "weights", "warn", f"{summary}: every file of {ref[0]}, the same size, and also "
                                                      f"{_some(extra)}" + _hash_note(d, model, ref[0]),

@@ -65,6 +65,7 @@ class RayNodeArgs:
     spark: SparkNode
     head_container_id: Optional[pulumi.Input[str]] = None  # set for workers: ties them to one head
     guard: Optional[pulumi.Resource] = None  # the node's fabric guard: its rules go in before Ray opens a port
+    weights_synced: Optional[pulumi.Resource] = None  # the node's weights sync: the weights are in place first
 
 
 class RayNode(pulumi.ComponentResource):
@@ -105,7 +106,7 @@ class RayNode(pulumi.ComponentResource):
             mounts=mounts,
             restart="no",  # a restarted node leaves this down, and `pulumi up --refresh` rebuilds the chain
             opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
-                                        depends_on=[args.guard] if args.guard else None),
+                                        depends_on=[r for r in (args.guard, args.weights_synced) if r]),
         )
         self.container_id = container.id
         self.register_outputs({"containerId": self.container_id, "containerName": self.container_name,

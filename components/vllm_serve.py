@@ -1,9 +1,15 @@
-"""`vllm serve` as a resource: started in the background inside the Ray head container, stopped on delete."""
+"""`vllm serve` as a resource: started in the background inside the Ray head container, stopped on delete.
+
+With `serve.dropPageCache`, a command on every node drops its page cache first. Its triggers are what replaces
+the serve (the cluster, the command line, the secrets, as a digest), so it runs again before every (re)start of
+the serve, and never on a no-op.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 import pulumi
@@ -63,6 +69,8 @@ class VllmServeArgs:
     head_container: str
     cluster_ready_id: pulumi.Input[str]  # a new cluster means a new serve
     secrets: Mapping[str, pulumi.Input[str]]  # keys of SECRET_ENV; values are Pulumi secrets
+    # Every node's connection, for serve.dropPageCache: each node's page cache is dropped before the serve starts.
+    nodes: Mapping[str, command.remote.ConnectionArgs] = field(default_factory=dict)
 
 
 class VllmServe(pulumi.ComponentResource):
@@ -77,6 +85,20 @@ class VllmServe(pulumi.ComponentResource):
             lambda values: start_script(dict(zip(keys, values))))
         create = shlex.join(["docker", "exec", "-i", args.head_container, "sh", "-s", "--",
                              *serve_argv(args.serve, args.cluster)])
+        drops = []
+        if args.serve.drop_page_cache:
+            # What replaces the serve replaces these too; the secrets enter only as a digest, itself a secret.
+            triggers = [args.cluster_ready_id, create,
+                        stdin.apply(lambda text: hashlib.sha256(text.encode()).hexdigest()[:16])]
+            drops = [command.remote.Command(
+                f"{name}-drop-cache-{node}",
+                connection=connection,
+                create=shlex.join(["sh", "-s", "--", node]),
+                stdin=script("drop_page_cache.sh"),
+                triggers=triggers,
+                add_previous_output_in_env=False,
+                opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"]),
+            ) for node, connection in args.nodes.items()]
         process = command.remote.Command(
             f"{name}-process",
             connection=args.connection,
@@ -86,7 +108,8 @@ class VllmServe(pulumi.ComponentResource):
             triggers=[args.cluster_ready_id],
             add_previous_output_in_env=False,
             # A fixed port and pid file: the old process must be gone before the new one starts.
-            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"], delete_before_replace=True),
+            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"], delete_before_replace=True,
+                                        depends_on=drops or None),
         )
         self.serve_id = process.id
         self.register_outputs({"serveId": self.serve_id, "log": LOG_FILE})

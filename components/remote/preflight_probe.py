@@ -286,6 +286,8 @@ def main():
     facts["gpus"] = gather("gpus", gpus, spec, docker_ok and facts["image"].get("present", False))
     facts["fabric"] = gather("fabric", fabric, spec)
     facts["model"] = gather("model", model, spec)
+    if spec.get("syncWeights"):
+        facts["rsync"] = shutil.which("rsync") is not None  # what preflight.syncWeights copies with
     facts["memory"] = gather("memory", memory, spec)
     if spec["ports"]:
         facts["ports"] = gather("ports", ports, spec)

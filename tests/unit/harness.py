@@ -36,8 +36,8 @@ class Registration:
     dependencies: list[str]
     delete_before_replace: bool
     replace_on_changes: list[str]
-    ignore_changes: list[str]
     parent: str
+    ignore_changes: list[str] = field(default_factory=list)
 
     def replace_key(self) -> str:
         """What the engine compares to decide on a replacement (the model this test suite checks)."""
@@ -91,8 +91,8 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
                 urn=response.urn, type=request.type, name=request.name, id=response.id,
                 inputs=json_format.MessageToDict(request.object), provider=request.provider,
                 dependencies=list(request.dependencies), delete_before_replace=request.deleteBeforeReplace,
-                replace_on_changes=list(request.replaceOnChanges), ignore_changes=list(request.ignoreChanges),
-                parent=request.parent)
+                replace_on_changes=list(request.replaceOnChanges), parent=request.parent,
+                ignore_changes=list(request.ignoreChanges))
         return response
 
 

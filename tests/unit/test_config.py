@@ -141,6 +141,8 @@ BAD = [
      "cannot be read", "a folder holding clusters.yaml"),
     ("timeout negative", dict(stack=stack_with(timeouts={"serveReadySeconds": -5})), STACK,
      "spark-vllm:timeouts.serveReadySeconds", "-5", "a whole number from 30"),
+    ("drop page cache not a boolean", dict(stack=stack_with(serve={"dropPageCache": "yes"})), STACK,
+     "spark-vllm:serve.dropPageCache", "'yes'", "true or false"),
     ("serve overrides not a mapping", dict(stack=stack_with(serve=["maxModelLen", 4])), STACK,
      "spark-vllm:serve", "['maxModelLen', 4]", "a mapping of keys to values"),
     ("cluster entry not a mapping", dict(clusters={"c3": "spark1,spark2"}), CLUSTERS, "c3",
@@ -186,6 +188,8 @@ def test_valid_config_resolves_defaults_and_overrides(tmp_path):
     assert d.serve.max_model_len == 4096 and d.serve.tensor_parallel == 3
     assert d.serve.extra_args == ("--max-num-batched-tokens", "8192")
     assert d.serve.served_name == "big" and d.serve.load_format == "auto"
+    assert d.serve.drop_page_cache is False and d.preflight.sync_weights is False
+    assert load(tmp_path, stack=stack_with(serve={"dropPageCache": True})).serve.drop_page_cache is True
     assert d.cluster.endpoint_host == "10.10.10.11"
     assert d.ssh_private_key.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
     assert d.serve_ready_timeout_s >= 30 * 60

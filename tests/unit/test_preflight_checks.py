@@ -108,13 +108,20 @@ def test_preflight_is_on_by_default_with_its_settings_validated(tmp_path):
     cfg = stack_config(write_catalog(tmp_path / "catalog"))
     del cfg["spark-vllm:preflight"]
     d = config.load("test", cfg, set(), ROOT)
-    assert d.preflight == config.PreflightSpec(enabled=True, hash_weights=False, timeout_s=60)
+    assert d.preflight == config.PreflightSpec(enabled=True, hash_weights=False, timeout_s=60, sync_weights=False,
+                                               sync_timeout_s=3600)
     assert d.cluster.gpu_probe is None
     for bad, message in [
         ({"enabled": "yes"}, "spark-vllm:preflight.enabled is 'yes'; expected true or false."),
         ({"timeoutSeconds": 1}, "spark-vllm:preflight.timeoutSeconds is 1; expected a whole number from 5 to 14400."),
         ({"hashWeight": True}, "spark-vllm:preflight.hashWeight (True) is not a known key; expected one of the known "
-                               "keys: enabled, hashWeights, timeoutSeconds."),
+                               "keys: enabled, hashWeights, syncTimeoutSeconds, syncWeights, timeoutSeconds."),
+        ({"syncWeights": "on"}, "spark-vllm:preflight.syncWeights is 'on'; expected true or false."),
+        ({"syncWeights": True, "syncTimeoutSeconds": 5},
+         "spark-vllm:preflight.syncTimeoutSeconds is 5; expected a whole number from 10 to 86400."),
+        ({"enabled": False, "syncWeights": True},
+         "spark-vllm:preflight.syncWeights is true, but the sync acts on what preflight finds, and preflight is off; "
+         "expected false while preflight.enabled is false."),
     ]:
         with pytest.raises(ConfigError) as err:
             config.load("test", {**cfg, "spark-vllm:preflight": bad}, set(), ROOT)
@@ -468,6 +475,80 @@ def test_hashed_weights_name_a_shard_whose_contents_differ(tmp_path):
         "fail", "spark2's model-00002-of-00003.safetensors differs from spark1's (SHA-256)", RSYNC)
 
 
+def needed(d, facts) -> dict[str, bool]:
+    return preflight.sync_needed(d.cluster, d.preflight.hash_weights, facts)
+
+
+SYNC = "will sync from spark1 over the fabric (spark-vllm:preflight.syncWeights)"
+
+
+def test_with_sync_on_what_the_sync_repairs_warns_and_names_the_head(tmp_path):
+    d, facts = deployment(tmp_path, syncWeights=True), healthy()
+    facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
+    facts["spark3"]["model"] = {"exists": False, "isFile": False}
+    assert one(d, facts, "spark2", "weights") == (
+        "warn", f"spark2 lacks model-00003-of-00003.safetensors; {SYNC}", "")
+    assert one(d, facts, "spark3", "weights") == ("warn", f"/models/big is not there on spark3; {SYNC}", "")
+    assert needed(d, facts) == {"spark2": True, "spark3": True}
+    facts["spark3"]["model"] = {"exists": True, "files": [["config.json", 900]]}
+    assert one(d, facts, "spark3", "weights") == (
+        "warn", f"/models/big holds no *.safetensors, *.bin or *.pt files; {SYNC}", "")
+
+
+def test_with_sync_on_equal_weights_pass_and_need_no_sync(tmp_path):
+    d, facts = deployment(tmp_path, syncWeights=True), healthy()
+    facts["spark3"]["model"]["files"].append(["notes.txt", 5])  # extra files are not the sync's business
+    assert needed(d, facts) == {"spark2": False, "spark3": False}
+    assert one(d, facts, "spark2", "weights")[0] == "ok" and one(d, facts, "spark3", "weights")[0] == "warn"
+
+
+def test_with_sync_and_hashes_every_difference_is_named_and_synced(tmp_path):
+    d, facts = deployment(tmp_path, syncWeights=True, hashWeights=True), healthy()
+    for f in facts.values():
+        f["model"]["sha256"] = {name: "0" * 64 for name in SHARDS}
+    facts["spark2"]["model"]["sha256"][SHARDS[1]] = "1" * 64
+    facts["spark2"]["model"]["files"][1] = [SHARDS[0], 5 * GIB]
+    facts["spark2"]["model"]["sha256"][SHARDS[0]] = "2" * 64
+    assert one(d, facts, "spark2", "weights") == (
+        "warn", "spark2's model-00001-of-00003.safetensors is 5.0 GiB, spark1's is 6.0 GiB; spark2's "
+                f"model-00002-of-00003.safetensors differs from spark1's (SHA-256); {SYNC}", "")
+    facts["spark2"]["model"]["files"][1] = [SHARDS[0], 6 * GIB]
+    facts["spark2"]["model"]["sha256"][SHARDS[0]] = "0" * 64
+    assert needed(d, facts) == {"spark2": True, "spark3": False}
+    d_sizes = deployment(tmp_path / "sizes", syncWeights=True)  # without hashWeights, same sizes are the same
+    assert needed(d_sizes, facts) == {"spark2": False, "spark3": False}
+
+
+def test_with_sync_on_a_node_without_rsync_still_fails(tmp_path):
+    d, facts = deployment(tmp_path, syncWeights=True), healthy()
+    facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
+    facts["spark1"]["rsync"], facts["spark2"]["rsync"] = False, False
+    assert one(d, facts, "spark2", "weights") == (
+        "fail", "spark2 lacks model-00003-of-00003.safetensors; spark-vllm:preflight.syncWeights cannot copy them: "
+                "rsync is not installed on spark1 and spark2",
+        "install rsync on spark1 and spark2 (`sudo apt-get install rsync`)")
+
+
+def test_with_sync_on_what_it_cannot_repair_still_fails(tmp_path):
+    d, facts = deployment(tmp_path, syncWeights=True), healthy()
+    facts["spark2"]["model"] = {"exists": False, "isFile": True}
+    assert one(d, facts, "spark2", "weights") == ("fail", "/models/big is a file, not a folder on spark2", RSYNC)
+    facts["spark1"]["model"] = {"exists": False, "isFile": False}  # the head, the sync's source, lacks the model
+    facts["spark3"]["model"]["files"] = facts["spark3"]["model"]["files"][:2]
+    assert one(d, facts, "spark1", "weights") == (
+        "fail", "/models/big is not there on spark1", "copy them from spark3 over the fabric: on spark3, rsync -a "
+                                                      "--progress /models/big/ nvidia@192.168.200.1:/models/big/")
+    assert one(d, facts, "spark3", "weights")[0] == "ok"  # spark3 is the reference now
+    assert needed(d, facts) == {"spark2": False, "spark3": False}
+
+
+def test_weights_that_could_not_be_read_are_not_synced(tmp_path):
+    d, facts = deployment(tmp_path, syncWeights=True), healthy()
+    facts["spark2"]["model"] = {"unavailable": "permission denied on /models/big"}
+    del facts["spark3"]["model"]
+    assert needed(d, facts) == {"spark2": False, "spark3": False}
+
+
 def test_unreadable_weights_could_not_be_checked(tmp_path):
     d, facts = deployment(tmp_path), healthy()
     facts["spark3"]["model"] = {"unavailable": "permission denied on /models/big"}
@@ -635,6 +716,14 @@ def test_a_clean_preflight_lets_the_program_register_everything(tmp_path, monkey
     assert "serve-ready-gate" in recording.names()
 
 
+def test_run_returns_every_nodes_facts_for_the_sync(tmp_path, monkeypatch):
+    facts = healthy()
+    monkeypatch.setattr(preflight, "probe", lambda d, node: facts[node.name])
+    d = deployment(tmp_path, syncWeights=True)
+    assert preflight.run(d) == facts
+    assert preflight.run(deployment(tmp_path / "off", enabled=False)) == {}
+
+
 def test_preflight_off_probes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(preflight, "probe", lambda d, node: pytest.fail("probed with preflight off"))
     assert "serve-ready-gate" in run_program(stack_config(write_catalog(tmp_path / "catalog"))).names()
@@ -656,6 +745,7 @@ def test_the_probe_is_sent_with_the_docker_providers_ssh_options(tmp_path, monke
     assert argv[-3:-1] == ["nvidia@192.168.200.2", "--"] and argv[-1].startswith("python3 - ")
     spec = json.loads(shlex.split(argv[-1])[2])
     assert spec["peers"] == {"spark1": "192.168.200.1", "spark3": "192.168.200.3"} and spec["ports"] == []
+    assert spec["syncWeights"] is False
     assert kw["timeout"] == 7 and kw["input"].startswith('"""Collects one node')
 
 
@@ -687,6 +777,20 @@ def test_the_probe_lists_the_weights_and_reads_the_text_config(tmp_path):
                                "sub/extra.bin": hashlib.sha256(b"\1" * 7).hexdigest()}
     assert probe.model({"modelPath": str(tmp_path / "none"), "hashWeights": False}) == {"exists": False,
                                                                                           "isFile": False}
+
+
+def test_the_probe_says_whether_rsync_is_there_only_when_the_sync_is_on(monkeypatch):
+    probe = load_probe()
+    printed = []
+    for gather in ("docker", "gpus", "fabric", "model", "memory"):
+        monkeypatch.setattr(probe, gather, lambda *args: {})
+    monkeypatch.setattr(probe, "print", lambda line: printed.append(line), raising=False)
+    monkeypatch.setattr(probe.shutil, "which", lambda tool: "/usr/bin/rsync" if tool == "rsync" else None)
+    for sync in (True, False):
+        monkeypatch.setattr(probe.sys, "argv", ["probe", json.dumps({"ports": [], "guard": None, "syncWeights": sync})])
+        probe.main()
+        facts = json.loads(printed[-1][len(probe.MARK):])
+        assert facts.get("rsync") is (True if sync else None)
 
 
 def test_the_probe_reports_a_missing_tool_as_unavailable():

@@ -1,0 +1,191 @@
+"""The weights sync: its place in the graph, when it runs, its secrets, and its script against a stand-in rsync."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from components import preflight, weights_sync
+from components.config import load
+from fixtures import KEY, stack_config, write_catalog
+from harness import ROOT, plain_strings, run_program
+from test_preflight_checks import MODEL_FILES, SHARDS, healthy
+
+COMMAND = "command:remote:Command"
+
+
+def program(tmp_path, monkeypatch, facts=None, clusters=None, **checks):
+    facts = facts if facts is not None else healthy()
+    monkeypatch.setattr(preflight, "probe", lambda d, node: facts[node.name])
+    catalog = write_catalog(tmp_path / "catalog", clusters)
+    return run_program(stack_config(catalog, preflight={"enabled": True, **checks}))
+
+
+def test_no_sync_unless_it_is_turned_on(tmp_path, monkeypatch):
+    rec = program(tmp_path, monkeypatch)
+    assert not any(name.startswith("weights-sync") for name in rec.names())
+    assert not any("WeightsSync" in urn for urn in rec.by_name("ray-worker-spark2-container").dependencies)
+
+
+def test_each_worker_waits_for_its_own_sync_run_on_the_head_over_the_fabric(tmp_path, monkeypatch):
+    rec = program(tmp_path, monkeypatch, syncWeights=True)
+    component = rec.by_name("weights-sync")
+    assert component.type == "spark-vllm:index:WeightsSync"
+    assert rec.names(COMMAND) >= {"weights-sync-spark2", "weights-sync-spark3"}
+    for worker, ip in (("spark2", "192.168.200.2"), ("spark3", "192.168.200.3")):
+        sync = rec.by_name(f"weights-sync-{worker}")
+        assert sync.parent == component.urn
+        assert sync.inputs["create"] == f"sh -s -- spark1 {worker} {ip} 22 nvidia /models/big 3600 size-only"
+        assert sync.inputs["connection"]["value"]["host"] == "10.10.10.11"  # rsync runs on the head
+        container = rec.by_name(f"ray-worker-{worker}-container")
+        assert sync.urn in container.dependencies
+    assert "10.10.10.13" not in rec.by_name("weights-sync-spark3").inputs["create"]  # spark3's management address
+    head = rec.by_name("ray-head-container")
+    assert not any(rec.resources[urn].name.startswith("weights-sync") for urn in head.dependencies)
+
+
+def test_equal_weights_leave_the_sync_alone_and_a_difference_runs_it(tmp_path, monkeypatch):
+    rec = program(tmp_path, monkeypatch, syncWeights=True)
+    for worker in ("spark2", "spark3"):
+        sync = rec.by_name(f"weights-sync-{worker}")
+        assert sync.ignore_changes == ["triggers", "create", "stdin", "connection"]
+        assert len(sync.inputs["triggers"]) == 1 and sync.inputs["triggers"][0].startswith("manifests ")
+    equal_trigger = rec.by_name("weights-sync-spark2").inputs["triggers"][0]
+
+    facts = healthy()
+    facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
+    rec = program(tmp_path / "differ", monkeypatch, facts=facts, syncWeights=True)
+    sync = rec.by_name("weights-sync-spark2")
+    assert sync.ignore_changes == []
+    manifests, found = sync.inputs["triggers"]
+    assert manifests.startswith("manifests ") and manifests != equal_trigger
+    assert found.startswith("found different at 20") and found.endswith("Z")
+    assert rec.by_name("weights-sync-spark3").ignore_changes == ["triggers", "create", "stdin", "connection"]
+
+
+def test_the_same_difference_found_again_changes_the_trigger(tmp_path):
+    d = load("t", stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True, "syncWeights": True}),
+             set(), ROOT)
+    facts = healthy()
+    facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
+    first = weights_sync.plan(d.cluster, d.preflight, facts, now=0)
+    again = weights_sync.plan(d.cluster, d.preflight, facts, now=3600)
+    assert first["spark2"].needed and first["spark2"].triggers[0] == again["spark2"].triggers[0]
+    assert first["spark2"].triggers != again["spark2"].triggers
+    assert first["spark3"] == again["spark3"] == weights_sync.SyncPlan(False, first["spark3"].triggers)
+
+
+def test_hashed_weights_are_compared_by_checksum(tmp_path, monkeypatch):
+    facts = healthy()
+    for f in facts.values():
+        f["model"]["sha256"] = {name: "0" * 64 for name in SHARDS}
+    rec = program(tmp_path, monkeypatch, facts=facts, syncWeights=True, hashWeights=True, syncTimeoutSeconds=600)
+    assert rec.by_name("weights-sync-spark2").inputs["create"].endswith(" /models/big 600 checksum")
+
+
+def test_the_key_reaches_the_sync_only_inside_secrets(tmp_path, monkeypatch):
+    rec = program(tmp_path, monkeypatch, syncWeights=True)
+    key_body = "unit-test-key-material"
+    for reg in rec.resources.values():
+        assert not any(key_body in text for text in plain_strings(reg.inputs)), reg.name
+    sync = rec.by_name("weights-sync-spark2").inputs
+    assert plain_strings(sync["stdin"]) == [] and KEY.rstrip("\n") in sync["stdin"]["value"]
+    assert plain_strings(sync["connection"]) == []
+    assert key_body not in sync["create"]
+
+
+def test_without_a_key_file_the_sync_uses_the_heads_own_identity(tmp_path, monkeypatch):
+    from fixtures import cluster_with
+
+    clusters = cluster_with(lambda c: c["ssh"].pop("keyFile"))
+    rec = program(tmp_path, monkeypatch, clusters=clusters, syncWeights=True)
+    stdin = rec.by_name("weights-sync-spark2").inputs["stdin"]
+    assert isinstance(stdin, str) and "PRIVATE KEY" not in stdin
+
+
+# ---- the script, against a stand-in rsync that records what it was given ----
+
+FAKE_RSYNC = r"""#!/bin/sh
+# Records its arguments and the key file its ssh command names, then acts as $FAKE_MODE says.
+out=$FAKE_OUT
+printf '%s\n' "$@" > "$out/argv"
+ssh=$(for a; do case $prev in -e) printf '%s' "$a" ;; esac; prev=$a; done)
+key=$(printf '%s' "$ssh" | sed -n 's/.* -i \([^ ]*\) .*/\1/p')
+if [ -n "$key" ]; then cp "$key" "$out/key"; stat -c %a "$key" > "$out/key.mode"; echo "$key" > "$out/key.path"; fi
+case $FAKE_MODE in
+  copy)
+    echo "SPARK_VLLM_FILE 4194560 model-00003-of-00004.safetensors"
+    printf '      1,048,576  6%%   90.00MB/s    0:00:00\r      4,194,560  24%%   95.12MB/s    0:00:00 (xfr#1, to-chk=0/8)\n'
+    ;;
+  slow) sleep 30 ;;
+  fail) echo "rsync: [sender] change_dir \"/models/big\" failed: No such file or directory (2)"; exit 23 ;;
+esac
+exit 0
+"""
+
+
+def run_script(tmp_path, mode, key=KEY, limit="60"):
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir(exist_ok=True)
+    out.mkdir(exist_ok=True)
+    (bin_dir / "rsync").write_text(FAKE_RSYNC)
+    (bin_dir / "rsync").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_OUT": str(out), "FAKE_MODE": mode,
+           "TMPDIR": str(tmp_path)}
+    done = subprocess.run(["sh", "-s", "--", "spark1", "spark2", "192.168.200.2", "22", "nvidia", "/models/big", limit,
+                           "size-only"], input=weights_sync.sync_script(key), env=env, capture_output=True,
+                          text=True, timeout=60)
+    return done, out
+
+
+def test_the_script_copies_over_the_fabric_with_the_key_in_a_private_file_it_removes(tmp_path):
+    done, out = run_script(tmp_path, "copy")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:3] == [
+        "spark-vllm: syncing spark1:/models/big/ to spark2 (192.168.200.2) over the fabric; files compared by size",
+        "spark-vllm: copying model-00003-of-00004.safetensors (4.0 MiB)",
+        "spark-vllm: 4.0 MiB copied, 1 file done, at 95.12MB/s, 0:00:00 elapsed"]
+    assert len(lines) == 4 and lines[3].startswith("spark-vllm: synced 1 file, 4.0 MiB, from spark1 to spark2 in ")
+    assert lines[3].endswith(" GB/s")
+    argv = (out / "argv").read_text().splitlines()
+    assert argv[:4] == ["-a", "--size-only", "--info=progress2", "--out-format=SPARK_VLLM_FILE %l %n"]
+    assert argv[-2:] == ["/models/big/", "nvidia@192.168.200.2:/models/big/"]
+    assert "--rsync-path=mkdir -p '/models/big' && rsync" in argv
+    ssh = argv[argv.index("-e") + 1]
+    assert "StrictHostKeyChecking=accept-new" in ssh and "BatchMode=yes" in ssh and ssh.endswith(" -p 22")
+    assert (out / "key").read_text() == KEY and (out / "key.mode").read_text().strip() == "600"
+    key_path = Path((out / "key.path").read_text().strip())
+    assert not key_path.exists() and not key_path.parent.exists()  # the temp folder is gone
+    assert "unit-test-key-material" not in done.stdout + done.stderr
+
+
+def test_the_script_without_a_key_names_none(tmp_path):
+    done, out = run_script(tmp_path, "copy", key=None)
+    assert done.returncode == 0 and not (out / "key").exists()
+    assert " -i " not in (out / "argv").read_text()
+
+
+@pytest.mark.parametrize("mode,limit,message", [
+    ("slow", "1", "spark-vllm: the sync from spark1 to spark2 did not finish within 1 s "
+                  "(spark-vllm:preflight.syncTimeoutSeconds); the files it finished stay, and the next pulumi up "
+                  "copies the rest"),
+    ("fail", "60", "spark-vllm: rsync from spark1 to spark2 (192.168.200.2) failed with status 23; its messages are "
+                   "above"),
+])
+def test_the_script_fails_with_a_plain_message(tmp_path, mode, limit, message):
+    done, out = run_script(tmp_path, mode, limit=limit)
+    assert done.returncode == 1
+    assert done.stderr.strip() == message
+    assert not Path((out / "key.path").read_text().strip()).exists()
+
+
+def test_the_script_says_when_there_was_nothing_to_copy(tmp_path):
+    done, _ = run_script(tmp_path, "none")
+    assert done.returncode == 0
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("spark-vllm: nothing to copy: spark2 already had every file of spark1, the same by size "
+                           "(checked in ") and last.endswith(" s)")
