@@ -28,7 +28,7 @@ sparks = {
 guards = {
     node.name: FabricGuard(f"fabric-guard-{node.name}", FabricGuardArgs(
         stack=d.stack, cluster=cluster, node=node, connection=sparks[node.name].connection,
-        in_place=preflight.guard_in_place(facts, node)))
+        found=preflight.guard_state(d, facts, node)))
     for node in cluster.nodes if cluster.fabric_guard
 }
 head_spark = sparks[cluster.head.name]

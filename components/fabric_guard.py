@@ -20,11 +20,15 @@ from .config import ClusterSpec, NodeSpec
 from .remote import script
 
 
+def chain_prefix(stack: str) -> str:
+    return f"svl-{stack[:10]}-"
+
+
 def chain_name(stack: str, cluster: ClusterSpec) -> str:
     """Per stack and rule set, within iptables' 28 characters: new rules go in under a new name before the old
     chain is removed, so a change of ports never leaves Ray open."""
     spec = " ".join([stack, cluster.fabric_interface, *cluster.guarded_ports])
-    return f"svl-{stack[:10]}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}"
+    return chain_prefix(stack) + hashlib.sha256(spec.encode()).hexdigest()[:8]
 
 
 def guard_command(node: NodeSpec, *args: str) -> str:
@@ -43,14 +47,15 @@ class FabricGuardArgs:
     cluster: ClusterSpec
     node: NodeSpec
     connection: command.remote.ConnectionArgs  # of this node
-    in_place: Optional[bool]  # preflight's finding: the current rules are there (True), not there (False), unknown
+    found: Optional[str]  # preflight's finding (preflight.guard_state): "in place", "stale", "missing"; None: unknown
 
 
 class FabricGuard(pulumi.ComponentResource):
     """The guard's chain on one node: applied before Ray starts there, removed on destroy.
 
-    `remote.Command` cannot read the rules back, so preflight checks them; rules that vanished (a reboot
-    flushes them) get a fresh trigger, which re-applies them, while rules in place leave the diff empty.
+    `remote.Command` cannot read the rules back, so preflight checks them. When no chain of the stack is
+    hooked (a reboot flushes them), a fresh trigger re-applies the rules; rules in place leave the diff empty,
+    and other rules (a config change) are replaced through the diff of the command itself.
     """
 
     guard_id: pulumi.Output[str]
@@ -58,7 +63,7 @@ class FabricGuard(pulumi.ComponentResource):
     def __init__(self, name: str, args: FabricGuardArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:FabricGuard", name, None, opts)
         chain, ports = chain_name(args.stack, args.cluster), args.cluster.guarded_ports
-        missing = args.in_place is False
+        missing = args.found == "missing"
         rules = command.remote.Command(
             f"{name}-rules",
             connection=args.connection,

@@ -23,7 +23,7 @@ from typing import Optional
 import pulumi
 
 from .config import ClusterSpec, Deployment, NodeSpec
-from .fabric_guard import chain_name
+from .fabric_guard import chain_name, chain_prefix
 from .ray_node import container_name
 from .remote import script
 from .spark_node import ssh_argv
@@ -75,9 +75,15 @@ def run(d: Deployment) -> dict[str, dict]:
     return facts
 
 
-def guard_in_place(facts: dict[str, dict], node: NodeSpec) -> Optional[bool]:
-    """The fabric guard's state on `node` as preflight found it; None when it was not checked."""
-    return facts.get(node.name, {}).get("guard", {}).get("inPlace")
+def guard_state(d: Deployment, facts: dict[str, dict], node: NodeSpec) -> Optional[str]:
+    """The fabric guard on `node` as preflight found it: "in place" (the current chain is hooked), "stale"
+    (only chains of other rules are), "missing" (no chain of this stack is); None when it was not checked."""
+    hooked = facts.get(node.name, {}).get("guard", {}).get("hooked")
+    if hooked is None:
+        return None
+    if chain_name(d.stack, d.cluster) in hooked:
+        return "in place"
+    return "stale" if hooked else "missing"
 
 
 def probe_spec(d: Deployment, node: NodeSpec) -> dict:
@@ -86,7 +92,7 @@ def probe_spec(d: Deployment, node: NodeSpec) -> dict:
             "peers": {n.name: n.fabric_ip for n in cluster.nodes if n.name != node.name},
             "image": d.serve.image, "modelPath": d.serve.model_path,
             "ports": [cluster.ray_port, cluster.dashboard_port, cluster.api_port] if node.head else [],
-            "guard": {"script": script("fabric_guard.sh"), "chain": chain_name(d.stack, cluster)}
+            "guard": {"script": script("fabric_guard.sh"), "prefix": chain_prefix(d.stack)}
             if cluster.fabric_guard else None,
             "gpuProbe": cluster.gpu_probe, "dockerGpus": cluster.docker_gpus, "hashWeights": d.preflight.hash_weights,
             "syncWeights": d.preflight.sync_weights, "stepTimeout": STEP_TIMEOUT_S, "imageTimeout": IMAGE_TIMEOUT_S}
@@ -503,7 +509,10 @@ def check_ports(d: Deployment, node: NodeSpec, f: dict) -> Finding:
             reasons.append(f"could not check: {label} is in use, and ss shows its owner only to root")
             fixes.append(f"see who holds it: `sudo ss -tlnp 'sport = :{port}'`")
             continue
-        holders = state["holders"]
+        holders = [h for h in state["holders"] if not h.get("exiting")]
+        if not holders:
+            reasons.append(f"{label} free (its holder, pid {state['holders'][0]['pid']}, exited as it was checked)")
+            continue
         if all(h.get("stack") == d.stack or h.get("container") in own_names for h in holders):
             reasons.append(f"{label} held by this stack's {holders[0]['container']}")
             continue
@@ -527,9 +536,13 @@ def check_guard(d: Deployment, node: NodeSpec, f: dict) -> Finding:
     if "unavailable" in g:
         return _could_not(node.name, "guard", g["unavailable"],
                           f"let {node.ssh_user} run iptables with `sudo -n`, or set ray.fabricGuard: false")
-    if g["inPlace"]:
+    state, chain = guard_state(d, {node.name: f}, node), chain_name(d.stack, d.cluster)
+    if state == "in place":
         return Finding(node.name, "guard", "ok", f"Ray's ports are closed to all but {d.cluster.fabric_interface} "
-                                                 f"and loopback (chain {chain_name(d.stack, d.cluster)})")
+                                                 f"and loopback (chain {chain})")
+    if state == "stale":
+        return Finding(node.name, "guard", "ok", f"chain {', '.join(g['hooked'])} guards other ports; `up` puts "
+                                                 f"{chain} in first, then removes it")
     return Finding(node.name, "guard", "ok", f"the rules that close Ray's ports to all but "
                                              f"{d.cluster.fabric_interface} are not in place; `up` applies them")
 

@@ -4,6 +4,7 @@
 # refused, so replies to the node's own outgoing connections (which use those ports) still arrive.
 #   sh -c "$(cat fabric_guard.sh)" fabric-guard apply CHAIN IFACE LABEL PORT...  (idempotent: rebuilds the chain)
 #   sh -c "$(cat fabric_guard.sh)" fabric-guard check CHAIN      exit 0 when the chain is hooked into INPUT
+#   sh -c "$(cat fabric_guard.sh)" fabric-guard list PREFIX      the IPv4 chains hooked into INPUT named PREFIX*
 #   sh -c "$(cat fabric_guard.sh)" fabric-guard remove CHAIN
 # Needs root; IPv6 gets the same rules where ip6tables exists. The chain's name carries a hash of its rules.
 set -eu
@@ -16,6 +17,10 @@ fi
 if ! command -v iptables >/dev/null 2>&1; then
   echo "fabric guard: iptables is not installed on $(hostname); install it or set ray.fabricGuard: false" >&2
   exit 3
+fi
+if [ "$action" = list ]; then
+  iptables -w -S INPUT | sed -n "s/^-A INPUT -j \($chain[^ ]*\)\$/\1/p"
+  exit
 fi
 tables=iptables
 if command -v ip6tables >/dev/null 2>&1 && ip6tables -w -S INPUT >/dev/null 2>&1; then

@@ -242,22 +242,22 @@ def _owner(pid, containers):
         with open(f"/proc/{pid}/cgroup") as f:
             match = CONTAINER_ID.search(f.read())
     except OSError:
-        return {}
+        return {"exiting": True}  # gone since `ss` listed it: a vLLM whose Ray worker died exits like this
     if not match:
         return {}
     return containers.get(match.group(0), {"container": match.group(0)[:12], "stack": ""})
 
 
 def guard(spec):
-    """Whether the fabric guard's current rules are in place (components/remote/fabric_guard.sh check)."""
+    """This stack's fabric guard chains hooked into INPUT (components/remote/fabric_guard.sh list)."""
     g = spec["guard"]
-    argv = ["sh", "-c", g["script"], "fabric-guard", "check", g["chain"]]
+    argv = ["sh", "-c", g["script"], "fabric-guard", "list", g["prefix"]]
     if os.geteuid() != 0:
         argv = ["sudo", "-n", *argv]
     rc, out, err = sh(argv, spec["stepTimeout"])
-    if rc in (0, 1):
-        return {"inPlace": rc == 0}
-    raise Unavailable(error_line(err or out))
+    if rc != 0:
+        raise Unavailable(error_line(err or out))
+    return {"hooked": out.split()}
 
 
 TIMINGS = {}  # seconds per fact, reported so slow nodes show which step was slow

@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import shlex
+import subprocess
 
 import pulumi
 import pytest
@@ -58,7 +59,7 @@ def healthy() -> dict:
                                   for peer in FABRIC if peer != name}},
             "model": {"exists": True, "files": copy.deepcopy(MODEL_FILES), "config": dict(MODEL_CONFIG)},
             "memory": {"totalKib": 128 * 1024 * 1024},
-            "guard": {"inPlace": True},
+            "guard": {"hooked": ["svl-test-800217c9"]},
         }
     facts["spark1"]["ports"] = {"6379": {"free": True}, "8265": {"free": True}, "8000": {"free": True}}
     return facts
@@ -634,6 +635,14 @@ def test_ports_held_by_others_fail_naming_the_holder_and_the_fix(tmp_path):
         "ray-by-hand`), or change ray.dashboardPort; stop that process, or change api.port")
 
 
+def test_a_port_whose_holder_exited_as_it_was_checked_is_free(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["ports"]["8000"] = {"free": False, "holders": [{"pid": 43, "process": "vllm", "exiting": True}]}
+    assert one(d, facts, "spark1", "ports") == (
+        "ok", "6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free (its holder, pid 43, exited as it was "
+              "checked)", "")
+
+
 def test_a_port_whose_owner_is_hidden_could_not_be_checked(tmp_path):
     d, facts = deployment(tmp_path), healthy()
     facts["spark1"]["ports"]["8000"] = {"free": False, "hidden": True}
@@ -651,13 +660,20 @@ def test_ports_without_ss_could_not_be_checked(tmp_path):
 
 # ---- guard ----
 
-def test_the_guard_in_place_passes_and_a_missing_one_is_applied_by_up(tmp_path):
+def test_the_guard_in_place_passes_and_a_missing_or_stale_one_is_replaced_by_up(tmp_path):
     d, facts = deployment(tmp_path), healthy()
-    facts["spark2"]["guard"] = {"inPlace": False}
+    assert chain_name("test", d.cluster) == "svl-test-800217c9"  # the chain of healthy()'s facts
+    facts["spark2"]["guard"] = {"hooked": []}
+    facts["spark3"]["guard"] = {"hooked": ["svl-test-0000aaaa"]}
     assert one(d, facts, "spark1", "guard") == (
-        "ok", f"Ray's ports are closed to all but enp1s0f1np1 and loopback (chain {chain_name('test', d.cluster)})", "")
+        "ok", "Ray's ports are closed to all but enp1s0f1np1 and loopback (chain svl-test-800217c9)", "")
     assert one(d, facts, "spark2", "guard") == (
         "ok", "the rules that close Ray's ports to all but enp1s0f1np1 are not in place; `up` applies them", "")
+    assert one(d, facts, "spark3", "guard") == (
+        "ok", "chain svl-test-0000aaaa guards other ports; `up` puts svl-test-800217c9 in first, then removes it", "")
+    assert [preflight.guard_state(d, facts, d.cluster.node(n)) for n in ("spark1", "spark2", "spark3")] == [
+        "in place", "missing", "stale"]
+    assert preflight.guard_state(d, {}, d.cluster.head) is None  # preflight off
 
 
 def test_a_guard_that_cannot_be_checked_says_why(tmp_path):
@@ -800,15 +816,27 @@ def test_the_probe_reports_a_missing_tool_as_unavailable():
 
 
 @pytest.mark.parametrize("script, facts", [
-    ("exit 0", {"inPlace": True}),
-    ("exit 1", {"inPlace": False}),
+    ("echo svl-x-1; echo svl-x-2", {"hooked": ["svl-x-1", "svl-x-2"]}),
+    ("true", {"hooked": []}),
     ("echo 'iptables is not installed' >&2; exit 3", {"unavailable": "iptables is not installed"}),
 ])
-def test_the_probe_reads_the_guards_check_exit_code(script, facts, monkeypatch):
+def test_the_probe_reads_the_guards_list(script, facts, monkeypatch):
     probe = load_probe()
     monkeypatch.setattr(probe.os, "geteuid", lambda: 0)
-    spec = {"guard": {"script": script, "chain": "svl-x"}, "stepTimeout": 5}
+    spec = {"guard": {"script": script, "prefix": "svl-x-"}, "stepTimeout": 5}
     assert probe.gather("guard", probe.guard, spec) == facts
+
+
+def test_the_guard_script_lists_only_the_stacks_hooked_chains(tmp_path, monkeypatch):
+    # A stand-in iptables that prints an INPUT chain holding two stacks' chains and docker's.
+    (tmp_path / "iptables").write_text("#!/bin/sh\nprintf '%s\\n' '-P INPUT ACCEPT' '-A INPUT -j svl-a-11111111' "
+                                       "'-A INPUT -j svl-ab-22222222' '-A INPUT -j DOCKER-USER' "
+                                       "'-A INPUT -i lo -j svl-a-33333333'\n")
+    (tmp_path / "iptables").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    script = (ROOT / "components/remote/fabric_guard.sh").read_text()
+    done = subprocess.run(["sh", "-c", script, "fabric-guard", "list", "svl-a-"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.split() == ["svl-a-11111111"]
 
 
 def test_the_probe_reads_inside_an_image_once_per_image_id(tmp_path, monkeypatch):
