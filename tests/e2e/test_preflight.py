@@ -74,7 +74,7 @@ def test_a_clean_preview_shows_the_table_and_passes(pf):
     run = pf.pulumi("preview", check=True)
     table = rows(run)
     assert not_ok(run) == {}, run.output
-    assert len(table) == 2 * 8 + 1  # eight checks a node, and the head's ports
+    assert len(table) == 2 * 9 + 1  # nine checks a node, and the head's ports
     assert table[("node2", "ssh+docker")][1].startswith("ssh root@10.87.200.12 via node1; Docker ")
     assert table[("node2", "gpus")] == ("ok", "1 GPU (NVIDIA GB10 (lab stand-in)) from preflight.gpuProbe of the "
                                               "cluster catalog, a stand-in for nvidia-smi -L")
@@ -85,6 +85,8 @@ def test_a_clean_preview_shows_the_table_and_passes(pf):
     assert table[("node2", "weights")] == ("ok", "4 weight files, 16.0 MiB, the same names and sizes as node1 "
                                                  "(contents not hashed: spark-vllm:preflight.hashWeights is off)")
     assert table[("node1", "ports")] == ("ok", "6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free")
+    assert table[("node2", "guard")] == ("ok", "the rules that close Ray's ports to all but enp1s0f1np1 are not in "
+                                               "place; `up` applies them")
     assert summary_seconds(run) < 30
 
 
