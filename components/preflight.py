@@ -534,8 +534,11 @@ def check_ports(d: Deployment, node: NodeSpec, f: dict) -> Finding:
 def check_guard(d: Deployment, node: NodeSpec, f: dict) -> Finding:
     g = f.get("guard", {})
     if "unavailable" in g:
-        return _could_not(node.name, "guard", g["unavailable"],
-                          f"let {node.ssh_user} run iptables with `sudo -n`, or set ray.fabricGuard: false")
+        # What stops the check (no iptables, no passwordless sudo) would stop `up` at the guard: fail here, first.
+        return Finding(node.name, "guard", "fail",
+                       f"could not check: {g['unavailable']}; `up` could not apply the guard either",
+                       f"let {node.ssh_user} run iptables with `sudo -n` (or install iptables), or set "
+                       f"ray.fabricGuard: false")
     state, chain = guard_state(d, {node.name: f}, node), chain_name(d.stack, d.cluster)
     if state == "in place":
         return Finding(node.name, "guard", "ok", f"Ray's ports are closed to all but {d.cluster.fabric_interface} "

@@ -676,12 +676,12 @@ def test_the_guard_in_place_passes_and_a_missing_or_stale_one_is_replaced_by_up(
     assert preflight.guard_state(d, {}, d.cluster.head) is None  # preflight off
 
 
-def test_a_guard_that_cannot_be_checked_says_why(tmp_path):
+def test_a_guard_that_cannot_be_checked_fails_since_up_could_not_apply_it(tmp_path):
     d, facts = deployment(tmp_path), healthy()
     facts["spark3"]["guard"] = {"unavailable": "sudo: a password is required"}
     assert one(d, facts, "spark3", "guard") == (
-        "warn", "could not check: sudo: a password is required",
-        "let nvidia run iptables with `sudo -n`, or set ray.fabricGuard: false")
+        "fail", "could not check: sudo: a password is required; `up` could not apply the guard either",
+        "let nvidia run iptables with `sudo -n` (or install iptables), or set ray.fabricGuard: false")
 
 
 def test_without_the_guard_there_is_no_guard_row_and_no_probe_for_it(tmp_path):
