@@ -275,8 +275,8 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
                      "api.port": api_port}, worker_ports)
     head = next(n for n in nodes if n.head)
     return ClusterSpec(name=name, ssh=ssh_spec, fabric_interface=fabric_interface, ray_port=ray_port,
-                       dashboard_port=dashboard_port, ray_ports=ray_ports, ray_port_env=ray_port_env, worker_ports=worker_ports,
-                       fabric_guard=fabric_guard, gpus_per_node=gpus_per_node,
+                       dashboard_port=dashboard_port, ray_ports=ray_ports, ray_port_env=ray_port_env,
+                       worker_ports=worker_ports, fabric_guard=fabric_guard, gpus_per_node=gpus_per_node,
                        docker_gpus=None if docker_gpus == "none" else docker_gpus, rdma=rdma,
                        shm_size_mb=shm_size_mb, ulimits=ulimits, env=env, hf_cache=hf_cache, api_bind=api_bind,
                        api_port=api_port,

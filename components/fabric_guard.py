@@ -2,7 +2,8 @@
 
 Ray binds its GCS, raylet and worker ports on 0.0.0.0 whatever --node-ip-address says, and has no auth, so
 anyone on the management network could submit jobs. The guard is an iptables chain (components/remote/
-fabric_guard.sh) that resets connections to Ray's pinned ports arriving on any other interface.
+fabric_guard.sh) that resets new connections to Ray's pinned ports, and to the ephemeral range where the
+raylet's random ports are, arriving on any other interface.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from .config import ClusterSpec, NodeSpec, ServeSpec
 from .spark_node import SparkNode
 
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+HEAD_ONLY_RAY_PORTS = {"ray-client-server-port"}  # the Ray client server runs on the head alone
 
 
 def pinned_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
@@ -44,7 +45,8 @@ def container_env(cluster: ClusterSpec, node: NodeSpec) -> list[str]:
 def ray_start(cluster: ClusterSpec, node: NodeSpec) -> list[str]:
     low, high = cluster.worker_ports
     common = [f"--node-ip-address={node.fabric_ip}", f"--num-gpus={cluster.gpus_per_node}",
-              *(f"--{flag}={port}" for flag, port in cluster.ray_ports.items() if node.head or "client" not in flag),
+              *(f"--{flag}={port}" for flag, port in cluster.ray_ports.items()
+                if node.head or flag not in HEAD_ONLY_RAY_PORTS),
               f"--min-worker-port={low}", f"--max-worker-port={high}", "--disable-usage-stats", "--block"]
     if node.head:
         return ["start", "--head", f"--port={cluster.ray_port}", f"--dashboard-host={node.fabric_ip}",

@@ -3,7 +3,6 @@
 # PORT "ephemeral" is this node's ip_local_port_range, where random listening ports come from; only SYNs are
 # refused, so replies to the node's own outgoing connections (which use those ports) still arrive.
 #   sh -c "$(cat fabric_guard.sh)" fabric-guard apply CHAIN IFACE LABEL PORT...  (idempotent: rebuilds the chain)
-#   sh -c "$(cat fabric_guard.sh)" fabric-guard check CHAIN      exit 0 when the chain is hooked into INPUT
 #   sh -c "$(cat fabric_guard.sh)" fabric-guard list PREFIX      the IPv4 chains hooked into INPUT named PREFIX*
 #   sh -c "$(cat fabric_guard.sh)" fabric-guard remove CHAIN
 # Needs root; IPv6 gets the same rules where ip6tables exists. The chain's name carries a hash of its rules.
@@ -37,9 +36,6 @@ for t in $tables; do
         $t -w -A "$chain" -p tcp --syn --dport "$port" -j REJECT --reject-with tcp-reset
       done
       $t -w -C INPUT -j "$chain" 2>/dev/null || $t -w -I INPUT 1 -j "$chain"
-      ;;
-    check)
-      $t -w -C INPUT -j "$chain" 2>/dev/null || exit 1
       ;;
     remove)
       while $t -w -D INPUT -j "$chain" 2>/dev/null; do :; done
