@@ -1,7 +1,9 @@
 """The Ray containers: the head, and one worker per other node, each pinned to its node's fabric address.
 
-Both are `docker.Container`s on the node's own Docker provider. Every input of a container forces its
-replacement in pulumi-docker (except `restart`), so the config diff decides exactly which ones restart.
+Both are `docker.Container`s on the node's own Docker provider. The config diff decides exactly which ones
+restart, and every change replaces: pulumi-docker plans some changes as in-place updates that Docker cannot
+apply to a running container (a new mount keeps the old one), or that start a stopped container in place (a
+refresh after a reboot sets `mustRun` false), which would leave the gates and the serve believing nothing moved.
 """
 
 from __future__ import annotations
@@ -101,13 +103,20 @@ class RayNode(pulumi.ComponentResource):
             ipc_mode="host",
             shm_size=cluster.shm_size_mb,
             gpus=cluster.docker_gpus,
-            devices=[docker.ContainerDeviceArgs(host_path="/dev/infiniband")] if cluster.rdma else None,
-            capabilities=docker.ContainerCapabilitiesArgs(adds=["IPC_LOCK"]) if cluster.rdma else None,
+            # Spelled as Docker reads them back (the CAP_ prefix, the device's defaults): any other spelling is a
+            # diff on every refresh, and with "*" below a full restart.
+            devices=[docker.ContainerDeviceArgs(host_path="/dev/infiniband", container_path="/dev/infiniband",
+                                                permissions="rwm")] if cluster.rdma else None,
+            capabilities=docker.ContainerCapabilitiesArgs(adds=["CAP_IPC_LOCK"]) if cluster.rdma else None,
             ulimits=[docker.ContainerUlimitArgs(name=name, soft=limit, hard=limit)
                      for name, limit in sorted(cluster.ulimits.items())],
             mounts=mounts,
-            restart="no",  # a restarted node leaves this down, and `pulumi up --refresh` rebuilds the chain
+            # A rebooted node leaves this down; `pulumi up --refresh` sees it stopped and replaces it (below).
+            restart="no",
+            # "*": any diff replaces, which also makes the engine delete a worker before its head is replaced
+            # (it consults these options when it looks for the head's dependents), so no old worker outlives it.
             opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
+                                        replace_on_changes=["*"],
                                         depends_on=[r for r in (args.guard, args.weights_synced) if r]),
         )
         self.container_id = container.id

@@ -57,8 +57,10 @@ def serve_ctl(container: str, action: str) -> str:
 
 
 def stop_command(container: str) -> str:
-    # Stops this serve's process group only; a container already gone has nothing to stop.
-    return f"if docker inspect {shlex.quote(container)} >/dev/null 2>&1; then {serve_ctl(container, 'stop')}; fi"
+    # Stops this serve's process group only. A container that is gone or stopped (a rebooted node) has nothing
+    # left to stop, and `docker exec` into a stopped one would fail the delete.
+    running = shlex.join(["docker", "inspect", "-f", "{{.State.Running}}", container])
+    return f'if [ "$({running} 2>/dev/null)" = true ]; then {serve_ctl(container, "stop")}; fi'
 
 
 @dataclass

@@ -91,7 +91,6 @@ class WeightsSync(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:WeightsSync", name, None, opts)
         plans = plan(args.cluster, args.checks, args.facts)
         stdin = pulumi.Output.from_input(args.private_key).apply(sync_script)
-        limit = args.checks.sync_timeout_s + 120  # the script bounds rsync itself; this is a backstop
         self.synced = {}
         for worker in args.cluster.workers:
             p = plans[worker.name]
@@ -102,7 +101,7 @@ class WeightsSync(pulumi.ComponentResource):
                 stdin=stdin,
                 triggers=p.triggers,
                 add_previous_output_in_env=False,
+                # The script bounds rsync with `timeout` itself: pulumi-command enforces no customTimeouts.
                 opts=pulumi.ResourceOptions(
-                    parent=self, ignore_changes=None if p.needed else IGNORED_WHEN_EQUAL,
-                    custom_timeouts=pulumi.CustomTimeouts(create=f"{limit}s", update=f"{limit}s")))
+                    parent=self, ignore_changes=None if p.needed else IGNORED_WHEN_EQUAL))
         self.register_outputs({"syncIds": {node: c.id for node, c in self.synced.items()}})

@@ -17,3 +17,9 @@ def docker_exec(container: str, argv: list[str]) -> str:
     """A shell command that runs `argv` inside `container` with stdin attached (for scripts sent on stdin)."""
     return shlex.join(["docker", "exec", "-i", container, *argv])
 
+
+
+def bounded(command: str, seconds: int) -> str:
+    """`command` killed after `seconds` on the node: pulumi-command enforces no timeout (its session ignores
+    customTimeouts and Ctrl-C), so a hung SSH session or `docker exec` would otherwise wait forever."""
+    return f"timeout -k 10 {seconds} {command}"

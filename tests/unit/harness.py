@@ -21,8 +21,10 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
 ROOT = Path(__file__).resolve().parents[2]
-# pulumi-docker updates these Container fields in place; every other input forces a replacement.
-CONTAINER_IN_PLACE = {"restart", "maxRetryCount", "cpuShares", "cpuSet", "memory", "memoryReservation", "memorySwap"}
+# pulumi-docker plans a change of these Container fields as an in-place update (for `mounts` one Docker cannot
+# apply, as the real plugin showed); every other input forces a replacement.
+CONTAINER_IN_PLACE = {"restart", "maxRetryCount", "mustRun", "mounts", "cpuShares", "cpuSet", "memory",
+                      "memoryReservation", "memorySwap"}
 
 
 @dataclass
@@ -41,10 +43,10 @@ class Registration:
 
     def replace_key(self) -> str:
         """What the engine compares to decide on a replacement (the model this test suite checks)."""
-        if self.type == "docker:index/container:Container":
-            watched = {k: v for k, v in self.inputs.items() if k not in CONTAINER_IN_PLACE}
-        elif self.type.startswith("pulumi:providers:") or "*" in self.replace_on_changes:
+        if self.type.startswith("pulumi:providers:") or "*" in self.replace_on_changes:
             watched = self.inputs
+        elif self.type == "docker:index/container:Container":
+            watched = {k: v for k, v in self.inputs.items() if k not in CONTAINER_IN_PLACE}
         else:
             watched = {k: v for k, v in self.inputs.items() if k in self.replace_on_changes or k == "name"}
         return _digest([watched, self.provider])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
 
@@ -153,7 +154,8 @@ def test_container_runtime_settings(rec):
     c = rec.by_name("ray-head-container").inputs
     assert c["networkMode"] == "host" and c["ipcMode"] == "host"
     assert c["shmSize"] == 10240 and c["gpus"] == "all"
-    assert c["devices"] == [{"hostPath": "/dev/infiniband"}] and c["capabilities"] == {"adds": ["IPC_LOCK"]}
+    assert c["devices"] == [{"hostPath": "/dev/infiniband", "containerPath": "/dev/infiniband", "permissions": "rwm"}]
+    assert c["capabilities"] == {"adds": ["CAP_IPC_LOCK"]}
     assert {(u["name"], u["soft"], u["hard"]) for u in c["ulimits"]} == {
         ("memlock", -1, -1), ("stack", 67108864, 67108864), ("nofile", 1048576, 1048576)}
     assert {"target": "/models/big", "source": "/models/big", "type": "bind", "readOnly": True} in c["mounts"]
@@ -161,6 +163,12 @@ def test_container_runtime_settings(rec):
             "type": "bind"} in c["mounts"]
     assert c["name"] == "spark-vllm-test-ray-head"
     assert c["image"] == rec.by_name("spark1-image").inputs.get("imageId", c["image"])
+
+
+def test_every_ray_container_replaces_on_any_change_and_deletes_first(rec):
+    for name in ("ray-head-container", "ray-worker-spark2-container", "ray-worker-spark3-container"):
+        r = rec.by_name(name)
+        assert r.replace_on_changes == ["*"] and r.delete_before_replace, name
 
 
 def test_nodes_behind_a_jump_host_use_it_for_docker_and_commands(rec):
@@ -206,7 +214,30 @@ def test_options_that_make_replacement_safe(rec):
 def test_serve_delete_stops_only_its_process_group(rec):
     delete = rec.by_name("vllm-serve-process").inputs["delete"]
     assert "/run/spark-vllm/serve.pid" in delete and 'kill -TERM "-$p"' in delete
-    assert delete.startswith("if docker inspect spark-vllm-test-ray-head")
+
+
+@pytest.mark.parametrize("state,execs", [("true", True), ("false", False), ("", False)],
+                         ids=["running", "stopped by a reboot", "gone"])
+def test_serve_delete_execs_only_into_a_running_head(rec, tmp_path, state, execs):
+    """Run with a stand-in `docker` that answers inspect with `state` and logs every call."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "docker"
+    fake.write_text(f'#!/bin/sh\necho "$1" >> {calls}\n'
+                    f'[ "$1" = inspect ] && {{ [ -n "{state}" ] && echo "{state}" || exit 1; }}\nexit 0\n')
+    fake.chmod(0o755)
+    delete = rec.by_name("vllm-serve-process").inputs["delete"]
+    done = subprocess.run(["sh", "-c", delete], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, capture_output=True,
+                          text=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    assert calls.read_text().split() == (["inspect", "exec"] if execs else ["inspect"])
+
+
+def test_gates_are_bounded_on_the_node(rec):
+    """pulumi-command enforces no timeout, so each gate carries its own `timeout` past the script's deadline."""
+    for name in ("cluster-ready-gate", "serve-ready-gate"):
+        create = rec.by_name(name).inputs["create"]
+        script_s = int(create.split("--timeout=")[1].split()[0])
+        assert create.startswith(f"timeout -k 10 {script_s + 90} docker exec -i "), create
 
 
 def test_secrets_never_appear_in_plain_inputs(rec):

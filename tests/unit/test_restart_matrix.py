@@ -55,6 +55,9 @@ MATRIX = [
      GUARDS | CONTAINERS | GATE_AND_SERVE, set()),
     ("cluster-wide env", dict(clusters=cluster(lambda c: c["env"].update(NCCL_DEBUG="INFO"))),
      CONTAINERS | GATE_AND_SERVE, set()),
+    # pulumi-docker plans a mount change as an in-place update that keeps the old mount; "*" replaces.
+    ("weights path", dict(models=models(lambda m: m["big"].update(path="/models/other"))),
+     CONTAINERS | GATE_AND_SERVE, set()),
     ("image", dict(models=models(lambda m: m["big"].update(image="vllm:b"))),
      CONTAINERS | GATE_AND_SERVE | {"spark1-image", "spark2-image", "spark3-image"}, set()),
     ("a node added", dict(clusters=FOUR_NODES, serve={"tensorParallel": 4}), GATE_AND_SERVE,
