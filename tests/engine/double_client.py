@@ -1,6 +1,8 @@
-"""Starts the docker double plugin the way the engine does and talks to it with a pulumirpc stub."""
+"""Starts a pulumi-docker plugin (the double, or the binary named by SPARK_VLLM_DOCKER_PLUGIN) the way the
+engine does, and talks to it with a pulumirpc stub."""
 
 import json
+import os
 from pathlib import Path
 
 from google.protobuf import empty_pb2
@@ -9,6 +11,9 @@ from pulumi.runtime.proto import provider_pb2
 from plugin_process import TESTS, PluginProcess, values
 
 DOUBLE_DIR = TESTS / "docker_double"
+DOUBLE = DOUBLE_DIR / "pulumi-resource-docker"
+# The plugin under test: the double by default; the real binary for a check by hand (docs/real-plugins.md).
+PLUGIN = Path(os.environ.get("SPARK_VLLM_DOCKER_PLUGIN") or DOUBLE)
 CONTAINER = "docker:index/container:Container"
 REMOTE_IMAGE = "docker:index/remoteImage:RemoteImage"
 PROVIDER = "pulumi:providers:docker"
@@ -19,9 +24,8 @@ def urn(token: str, name: str) -> str:
 
 
 class DoublePlugin(PluginProcess):
-    def __init__(self, log_path: Path):
-        super().__init__([str(DOUBLE_DIR / "pulumi-resource-docker"), "127.0.0.1:1", "--logtostderr"],
-                         {"SPARK_VLLM_DOCKER_DOUBLE_LOG": str(log_path)})
+    def __init__(self, log_path: Path, launcher: Path = DOUBLE, engine_address: str = "127.0.0.1:1"):
+        super().__init__([str(launcher), engine_address], {"SPARK_VLLM_DOCKER_DOUBLE_LOG": str(log_path)})
 
     def info(self):
         return self.stub.GetPluginInfo(empty_pb2.Empty())

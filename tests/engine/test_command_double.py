@@ -8,79 +8,16 @@ import shutil
 import subprocess
 import threading
 import time
-from concurrent import futures
 from contextlib import ExitStack
 from pathlib import Path
 
-import grpc
 import pytest
 from google.protobuf import empty_pb2
-from pulumi.runtime.proto import engine_pb2, engine_pb2_grpc, provider_pb2
+from pulumi.runtime.proto import provider_pb2
 
+from command_client import DOUBLE, INFO, KIND, WARNING, CommandPlugin, FakeEngine, conn, urn
 from loopback_node import free_port, loopback_node
-from plugin_process import TESTS, PluginProcess, rpc_error, values
-
-DOUBLE = TESTS / "command_double" / "pulumi-resource-command"
-
-TOKEN = "command:remote:Command"
-KIND = provider_pb2.PropertyDiff
-INFO, WARNING = engine_pb2.LogSeverity.INFO, engine_pb2.LogSeverity.WARNING
-
-
-def urn(name: str, token: str = TOKEN) -> str:
-    return f"urn:pulumi:test::spark-vllm::{token}::{name}"
-
-
-class FakeEngine(engine_pb2_grpc.EngineServicer):
-    """Receives the plugin's Log calls, stamped with their arrival time."""
-
-    def __init__(self):
-        self.logs: list[tuple[float, engine_pb2.LogRequest]] = []
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        engine_pb2_grpc.add_EngineServicer_to_server(self, self.server)
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
-
-    def Log(self, request, context):
-        self.logs.append((time.monotonic(), request))
-        return empty_pb2.Empty()
-
-    def messages(self, name: str, ephemeral: bool = True) -> list[str]:
-        return [r.message for _, r in self.logs if r.urn == urn(name) and r.ephemeral == ephemeral]
-
-
-class CommandPlugin(PluginProcess):
-    """Starts the double the way the engine does (`pulumi-resource-command <flags> <engine address>`)."""
-
-    def __init__(self, engine_address: str, log_path: Path):
-        super().__init__([str(DOUBLE), "--logtostderr", "-v=9", engine_address],
-                         {"SPARK_VLLM_COMMAND_DOUBLE_LOG": str(log_path)})
-
-    def check(self, news: dict, name: str = "gate", token: str = TOKEN):
-        return self.stub.Check(provider_pb2.CheckRequest(urn=urn(name, token), news=values.encode(news)))
-
-    def checked(self, news: dict, name: str = "gate") -> dict:
-        response = self.check(news, name)
-        assert not response.failures, response.failures
-        return values.decode(response.inputs)
-
-    def create(self, inputs: dict, name: str = "gate", preview: bool = False) -> tuple[str, dict]:
-        response = self.stub.Create(provider_pb2.CreateRequest(urn=urn(name), properties=values.encode(inputs),
-                                                               preview=preview))
-        return response.id, values.decode(response.properties)
-
-    def diff(self, olds: dict, news: dict, name: str = "gate"):
-        return self.stub.Diff(provider_pb2.DiffRequest(urn=urn(name), id=f"{name}0", olds=values.encode(olds),
-                                                       news=values.encode(news)))
-
-    def update(self, olds: dict, news: dict, name: str = "gate", preview: bool = False) -> dict:
-        response = self.stub.Update(provider_pb2.UpdateRequest(urn=urn(name), id=f"{name}0", olds=values.encode(olds),
-                                                               news=values.encode(news), preview=preview))
-        return values.decode(response.properties)
-
-    def delete(self, state: dict, name: str = "gate") -> None:
-        self.stub.Delete(provider_pb2.DeleteRequest(urn=urn(name), id=f"{name}0", properties=values.encode(state)))
-
+from plugin_process import TESTS, rpc_error, values
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
@@ -102,12 +39,6 @@ def plugin(engine, tmp_path):
     yield p
     stderr = p.close()
     assert "Traceback" not in stderr and "internal error" not in stderr, stderr
-
-
-def conn(node, **extra) -> dict:
-    """A connection as the pulumi_command SDK sends it: the whole object is a secret."""
-    return values.secret({"host": "127.0.0.1", "port": node.port, "user": "root",
-                          "privateKey": node.key.read_text(), **extra})
 
 
 def test_identifies_as_pulumi_command_1_2_1_and_has_no_provider_config(plugin):
@@ -271,15 +202,6 @@ def test_delete_without_delete_command_does_not_connect(plugin, hosts):
     plugin.delete(state)
 
 
-def test_read_returns_the_state_unchanged(plugin, hosts):
-    target, _ = hosts
-    state = {**plugin.checked({"connection": conn(target), "create": "x"}), "stdout": "o", "stderr": "e"}
-    response = plugin.stub.Read(provider_pb2.ReadRequest(urn=urn("gate"), id="gate0123abcd",
-                                                         properties=values.encode(state),
-                                                         inputs=values.encode({"create": "x"})))
-    assert response.id == "gate0123abcd" and values.decode(response.properties) == state
-
-
 def test_proxy_goes_through_the_jump_host_with_its_own_key(plugin, hosts):
     target, jump = hosts
     jump_log = jump.key.parent / "sshd.log"
@@ -371,24 +293,6 @@ def test_private_keys_are_never_on_a_command_line_and_gone_once_connected(plugin
     assert outputs["stdout"] == "done"
     assert values.is_secret(outputs["connection"]) and values.is_secret(outputs["stdin"])
     assert not values.is_secret(outputs["stdout"])  # upstream: secretness flows only to same-named outputs
-
-
-def test_cancel_ends_the_running_command(plugin, hosts):
-    target, _ = hosts
-    inputs = plugin.checked({"connection": conn(target), "create": "sleep 7"})
-    errors = []
-    worker = threading.Thread(target=lambda: errors.append(rpc_error(lambda: plugin.create(inputs))))
-    worker.start()
-    deadline = time.monotonic() + 10
-    while not any("sleep 7" in argv for argv in _descendants(plugin.proc.pid, _processes())):
-        assert time.monotonic() < deadline, "the command never started"
-        time.sleep(0.05)
-    started = time.monotonic()
-    plugin.stub.Cancel(empty_pb2.Empty())
-    worker.join(timeout=10)
-    assert not worker.is_alive() and time.monotonic() - started < 5
-    assert "cancelled" in errors[0], errors
-    assert _descendants(plugin.proc.pid, _processes()) == []
 
 
 # --- the real engine with the double as its ambient command plugin ---------------------------------------------

@@ -43,7 +43,7 @@ class CommandDouble(ProviderDouble):
         return remote_command.Runner(self.procs, self.engine, request.urn)
 
     def cancel(self) -> None:
-        self.procs.cancel()  # ends the ssh processes of running commands
+        self.procs.close()  # running commands finish, as upstream's do
 
     # --- provider configuration: pulumi-command has no settings ------------------------------------------------
 

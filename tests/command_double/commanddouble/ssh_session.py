@@ -49,12 +49,13 @@ class Result:
 
 
 class Processes:
-    """Every ssh process the double runs, so that Cancel can end them."""
+    """Every ssh process the double runs, so that a shutdown can end them."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen] = set()
-        self.cancelled = threading.Event()
+        self.cancelled = threading.Event()  # shutdown: running commands are ended
+        self.closing = threading.Event()  # Cancel: no new connection, running commands go on
 
     def start(self, argv: list[str], **kwargs) -> subprocess.Popen:
         with self._lock:
@@ -68,8 +69,14 @@ class Processes:
         with self._lock:
             self._running.discard(proc)
 
+    def close(self) -> None:
+        """The engine's Cancel: upstream's running session ignores it (`session.Run` takes no context), so a
+        running command finishes; only dialing stops."""
+        self.closing.set()
+
     def cancel(self) -> None:
         with self._lock:
+            self.closing.set()
             self.cancelled.set()
             for proc in self._running:
                 proc.terminate()
@@ -183,7 +190,7 @@ def _dial_once(procs: Processes, work: _Workdir, argv: list[str], control: str,
     with open(err_path, "wb") as err:
         master = procs.start(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
     while True:
-        if procs.cancelled.is_set():
+        if procs.closing.is_set():
             _stop(procs, master)
             raise Cancelled("the operation was cancelled while connecting")
         if master.poll() is not None:
@@ -213,7 +220,7 @@ def _dial(procs: Processes, work: _Workdir, target: Endpoint, proxy: Endpoint | 
         if limit > -1 and dials > limit:
             raise DialError(("proxy: " if proxy else "") + f"after {attempt} failed attempts: {error}")
         status(f"Dial {dials}/{'inf' if limit == -1 else limit} failed: retrying")
-        if procs.cancelled.wait(min(delay, DIAL_MAX_DELAY_S)):
+        if procs.closing.wait(min(delay, DIAL_MAX_DELAY_S)):
             raise Cancelled("the operation was cancelled while connecting")
         delay *= DIAL_BACKOFF
         attempt += 1

@@ -1,9 +1,9 @@
 """`docker:index/container:Container`: the subset of pulumi-docker 5.2.0's Container the program may use.
 
-Behaviour follows the upstream provider (kreuzwerker/terraform-provider-docker, bridged by pulumi-docker):
-Create checks the image is on the node, creates, starts and waits up to 15 s for the container to run (it is
-removed again if it exits); Read of a container that is not running while `mustRun` is true (the default)
-removes it and reports it gone, so a refresh followed by an update recreates it; Delete force-removes.
+Behaviour follows the real plugin (kreuzwerker/terraform-provider-docker v4.5.0, bridged by pulumi-docker, as
+read in its sources and run against the lab): Create checks the image is on the node, creates and starts the
+container, and does not wait for it to keep running; Read of a stopped container keeps it, reports `mustRun`
+false and its exit code, so the next update starts the same container again; Delete force-removes.
 """
 
 import re
@@ -13,13 +13,11 @@ from providerkit import values
 from providerkit.rpc import CheckFailures
 
 from . import props
-from .dockerapi import DockerError, DockerHost, demux_logs
+from .dockerapi import DockerError, DockerHost
 
 TOKEN = "docker:index/container:Container"
 LABEL = "Container"
-RUN_WAIT_S = 15.0          # pulumi-docker's containerReadRefreshTimeout default
-POLL_S = 0.1               # ... and its delay before the first look and between looks
-LOG_TAIL_LINES = 20
+POLL_S = 0.1               # between tries of a removal already in progress
 
 P = props.Prop
 TABLE = {
@@ -36,7 +34,9 @@ TABLE = {
     "gpus": P(),
     "devices": P(is_set=True, fields=frozenset({"hostPath", "containerPath", "permissions"}),
                  required_fields=frozenset({"hostPath"})),
-    "mounts": P(is_set=True, fields=frozenset({"target", "source", "type", "readOnly"}),
+    # ForceNew upstream (an unknown value replaces), yet the real plugin plans a known change as an in-place
+    # update, and Docker keeps the old mount.
+    "mounts": P(known_change_in_place=True, is_set=True, fields=frozenset({"target", "source", "type", "readOnly"}),
                 required_fields=frozenset({"target", "type"})),
     "ulimits": P(is_set=True, fields=frozenset({"name", "soft", "hard"}),
                  required_fields=frozenset({"name", "soft", "hard"})),
@@ -90,6 +90,14 @@ def _device_requests(gpus: str) -> list[dict]:
     return [request]
 
 
+def _canonical_caps(caps: list | None) -> list | None:
+    """As Docker's Go client sends them (normalizeCapabilities): upper case, CAP_-prefixed, except ALL."""
+    if not caps:
+        return None
+    upper = [c.upper() for c in caps]
+    return [c if c == "ALL" or c.startswith("CAP_") else f"CAP_{c}" for c in upper]
+
+
 def create_body(p: dict) -> dict:
     """The Engine API `containers/create` body for plain (unwrapped) checked inputs."""
     config = {"Image": p["image"], "Hostname": p.get("hostname", ""), "User": p.get("user", ""),
@@ -123,8 +131,8 @@ def create_body(p: dict) -> dict:
     if "ulimits" in p:
         host["Ulimits"] = [{"Name": u["name"], "Soft": u["soft"], "Hard": u["hard"]} for u in p["ulimits"]]
     if "capabilities" in p:
-        host["CapAdd"] = p["capabilities"].get("adds") or None
-        host["CapDrop"] = p["capabilities"].get("drops") or None
+        host["CapAdd"] = _canonical_caps(p["capabilities"].get("adds"))
+        host["CapDrop"] = _canonical_caps(p["capabilities"].get("drops"))
     config["HostConfig"] = host
     return config
 
@@ -150,11 +158,6 @@ def _computed_outputs(info: dict, given: dict) -> dict:
     return {k: v for k, v in read.items() if k not in given}
 
 
-def last_logs(client: DockerHost, cid: str) -> str:
-    raw = client.call("GET", f"/containers/{cid}/logs", query={"stdout": 1, "stderr": 1, "tail": LOG_TAIL_LINES})
-    return demux_logs(raw if isinstance(raw, bytes) else b"").rstrip() or "(no output)"
-
-
 def remove(client: DockerHost, cid: str) -> None:
     """Force-remove with its anonymous volumes (removeVolumes defaults to true); already gone is fine."""
     deadline = time.monotonic() + 30
@@ -171,69 +174,51 @@ def remove(client: DockerHost, cid: str) -> None:
             raise
 
 
-def create(client: DockerHost, news: dict, cancelled) -> tuple[str, dict]:
+def create(client: DockerHost, news: dict) -> tuple[str, dict]:
     p = values.plain(news)
     if client.inspect("images", p["image"]) is None:
         raise RuntimeError(f"Unable to create container {p['name']!r} with image {p['image']!r}: the image is not "
-                           f"present on {client.host}, and the docker test double never pulls")
+                           f"present on {client.host}; pulumi-docker would pull it here, and the docker test "
+                           "double never pulls")
     created = client.call("POST", "/containers/create", body=create_body(p), query={"name": p["name"]})
     cid = created["Id"]
     try:
         client.call("POST", f"/containers/{cid}/start")
-        info = _wait_running(client, cid, p["name"], cancelled)
     except BaseException:
         remove(client, cid)
         raise
+    # Upstream returns once started: a container that exits at once is still a successful create.
+    info = client.inspect("containers", cid) or {"Config": {}, "HostConfig": {}}
     outputs = dict(news)
     outputs.update(_computed_outputs(info, news))
     outputs["id"] = cid
     return cid, outputs
 
 
-def _wait_running(client: DockerHost, cid: str, name: str, cancelled) -> dict:
-    deadline = time.monotonic() + RUN_WAIT_S
-    while True:
-        time.sleep(POLL_S)
-        info = client.inspect("containers", cid)
-        if info is None:
-            raise RuntimeError(f"container {name!r} ({cid[:12]}) on {client.host} vanished right after start")
-        state = info["State"]
-        if state["Running"]:
-            return info
-        if state["Status"] in ("exited", "dead"):
-            raise RuntimeError(f"container {name!r} ({cid[:12]}) on {client.host} exited immediately "
-                               f"(exit code {state['ExitCode']}); last log lines:\n{last_logs(client, cid)}")
-        if time.monotonic() > deadline or cancelled.is_set():
-            raise RuntimeError(f"container {name!r} ({cid[:12]}) on {client.host} failed to be in running state "
-                               f"within {RUN_WAIT_S:.0f}s (status {state['Status']})")
-
-
-def read(client: DockerHost, cid: str, state: dict, inputs: dict, note) -> tuple[str, dict, dict]:
+def read(client: DockerHost, cid: str, state: dict, inputs: dict) -> tuple[str, dict, dict]:
     """(id, outputs, inputs); id "" means gone."""
     info = client.inspect("containers", cid)
     if info is None:
         return "", {}, {}
-    p = values.plain(state)
     status = info["State"]
-    if not status["Running"] and p.get("mustRun", True):
-        remove(client, cid)
-        note(f"container {p.get('name', cid)!r} ({cid[:12]}) on {client.host} was not running "
-             f"(status {status['Status']}, exit code {status['ExitCode']}); mustRun is true, so it was removed "
-             "and is reported gone, as pulumi-docker does")
-        return "", {}, {}
     outputs = dict(state) if state else {"name": info["Name"].lstrip("/"), "image": info["Config"]["Image"]}
     outputs["id"] = cid
     new_inputs = dict(inputs) if inputs else {k: v for k, v in outputs.items() if k in TABLE}
-    # The restart policy is the one property `docker update` can change behind Pulumi's back.
-    policy = info["HostConfig"]["RestartPolicy"]
+    host = info["HostConfig"]
+    policy = host["RestartPolicy"]
+    # What upstream reads back from Docker among the properties the double has (envs and labels it never reads).
     live = {"restart": policy.get("Name") or "no", "maxRetryCount": policy.get("MaximumRetryCount", 0)}
-    for key, value in live.items():
-        if key == "restart" or value or key in outputs:
-            outputs[key] = values.like(outputs.get(key), value)
-            new_inputs[key] = values.like(new_inputs.get(key), value)
+    caps = {key: host.get(field) for key, field in (("adds", "CapAdd"), ("drops", "CapDrop")) if host.get(field)}
+    if caps:
+        live["capabilities"] = caps  # as Docker stores them: CAP_-prefixed
     outputs.pop("exitCode", None)
     if not status["Running"]:
         outputs["exitCode"] = status["ExitCode"]
+        live["mustRun"] = False  # upstream's way to make the next update start it again
+    for key, value in live.items():
+        if key in ("restart", "capabilities", "mustRun") or value or key in outputs:
+            outputs[key] = values.like(outputs.get(key), value)
+            new_inputs[key] = values.like(new_inputs.get(key), value)
     return cid, outputs, new_inputs
 
 
@@ -246,6 +231,8 @@ def update(client: DockerHost, cid: str, olds: dict, news: dict, preview: bool) 
             outputs.pop(key, None)
     outputs["id"] = cid
     changes = diff(olds, news)
+    if not preview and "mustRun" in changes and values.plain(news).get("mustRun", True):
+        client.call("POST", f"/containers/{cid}/start")  # the same container, started again
     if not preview and ("restart" in changes or "maxRetryCount" in changes):
         p = values.plain(news)
         client.call("POST", f"/containers/{cid}/update", body={"RestartPolicy": {

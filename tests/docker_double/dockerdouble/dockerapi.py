@@ -207,13 +207,3 @@ class DockerHost:
         for conn in idle:
             conn.close()
 
-
-def demux_logs(raw: bytes) -> str:
-    """Docker's multiplexed log stream (8-byte frame headers, used when the container has no TTY) as text."""
-    out = bytearray()
-    pos = 0
-    while pos + 8 <= len(raw):
-        size = int.from_bytes(raw[pos + 4:pos + 8], "big")
-        out += raw[pos + 8:pos + 8 + size]
-        pos += 8 + size
-    return out.decode(errors="replace")

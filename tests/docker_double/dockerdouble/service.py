@@ -7,7 +7,6 @@ shown in the engine's output.
 """
 
 import logging
-import threading
 
 from google.protobuf import empty_pb2
 from providerkit import engine_log, rpc, values
@@ -34,7 +33,6 @@ class DockerDouble(ProviderDouble):
         super().__init__(engine_log.EngineLog(engine_address, log, self.LABEL, ENGINE_LOG_TIMEOUT_S, logging.DEBUG))
         self.client: DockerHost | None = None
         self.unconfigured_reason = "the provider has not been configured"
-        self.cancelled = threading.Event()
 
     def warn(self, message: str, urn: str = "") -> None:
         """Warnings (unknown calls, containers removed on refresh) also go to the engine: the CLI shows them."""
@@ -52,9 +50,6 @@ class DockerDouble(ProviderDouble):
         if module is None:
             raise rpc.UsageError(f"the docker test double does not implement resource type {token!r}")
         return module
-
-    def cancel(self) -> None:
-        self.cancelled.set()  # a Create waiting for its container to run gives up
 
     # --- provider configuration ----------------------------------------------------------------------------
 
@@ -109,7 +104,7 @@ class DockerDouble(ProviderDouble):
         if request.preview:
             return provider_pb2.CreateResponse(id="", properties=values.encode(module.preview_outputs(news)))
         if module is container:
-            rid, outputs = container.create(self._client(), news, self.cancelled)
+            rid, outputs = container.create(self._client(), news)
         else:
             rid, outputs = remote_image.create(self._client(), news)
         return provider_pb2.CreateResponse(id=rid, properties=values.encode(outputs))
@@ -119,8 +114,7 @@ class DockerDouble(ProviderDouble):
         module = self._resource(request)
         state, inputs = values.decode(request.properties), values.decode(request.inputs)
         if module is container:
-            rid, outputs, new_inputs = container.read(self._client(), request.id, state, inputs,
-                                                      lambda message: self.warn(message, request.urn))
+            rid, outputs, new_inputs = container.read(self._client(), request.id, state, inputs)
         else:
             rid, outputs, new_inputs = remote_image.read(self._client(), state, inputs)
         return provider_pb2.ReadResponse(id=rid, properties=values.encode(outputs), inputs=values.encode(new_inputs))
