@@ -5,12 +5,17 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from stack import ROOT, LabStack
 
-ENGINE_PATH = [str(ROOT / "tests" / "docker_double"), str(ROOT / "tests" / "command_double")]
+# The provider plugins the engine finds first on PATH: the doubles, or real builds named by the same variables
+# as the contract suite's (a check by hand, docs/real-plugins.md).
+ENGINE_PATH = [str(Path(os.environ.get(var) or ROOT / "tests" / double / f"pulumi-resource-{name}").parent)
+               for var, double, name in (("SPARK_VLLM_DOCKER_PLUGIN", "docker_double", "docker"),
+                                         ("SPARK_VLLM_COMMAND_PLUGIN", "command_double", "command"))]
 
 
 def lab(*args: str, timeout: float = 1800) -> str:

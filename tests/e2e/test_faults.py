@@ -79,16 +79,20 @@ def test_a_killed_up_is_recovered_by_the_documented_commands(stack):
     assert_serving(stack)
 
 
-def test_a_rebooted_node_is_repaired_by_up_refresh(stack):
+@pytest.mark.parametrize("node", [2, 1], ids=["worker node", "head node"])
+def test_a_rebooted_node_is_repaired_by_up_refresh(stack, node):
+    """The refresh reads the stopped container (mustRun false); `up` replaces it, then the gate and the serve."""
     before = stack.outputs()["containerIds"]
-    subprocess.run(["docker", "restart", "svl-lab-node2"], check=True, capture_output=True, timeout=120)
-    wait_for_ssh(stack)
+    subprocess.run(["docker", "restart", f"svl-lab-node{node}"], check=True, capture_output=True, timeout=120)
+    wait_for_ssh(stack, node)
     stack.up("--refresh")
     after = stack.outputs()["containerIds"]
-    assert after["node1"] == before["node1"] and after["node2"] != before["node2"]
+    # A new head takes new workers with it; a new worker leaves the head alone.
+    assert after["node2"] != before["node2"] and (after["node1"] != before["node1"]) == (node == 1)
     assert_serving(stack)
-    # The reboot flushed node2's firewall; preflight found the guard gone and `up` put it back.
-    assert "-A INPUT -j svl-flt-" in node_sh(2, "iptables -S INPUT")
+    # The reboot flushed the node's firewall; preflight found the guard gone and `up` put it back.
+    assert "-A INPUT -j svl-flt-" in node_sh(node, "iptables -S INPUT")
+    stack.pulumi("preview", "--refresh", "--expect-no-changes", check=True)
 
 
 def test_ssh_cut_to_node2_fails_bounded_naming_the_node_then_converges(stack):
@@ -120,8 +124,8 @@ def test_an_image_missing_on_a_node_is_named(stack):
     assert_serving(stack)
 
 
-def wait_for_ssh(stack: LabStack, timeout: float = 120) -> None:
+def wait_for_ssh(stack: LabStack, node: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    while node_sh(2, "pgrep -x sshd >/dev/null && docker info >/dev/null && echo up", check=False).strip() != "up":
-        assert time.monotonic() < deadline, "node2 did not come back"
+    while node_sh(node, "pgrep -x sshd >/dev/null && docker info >/dev/null && echo up", check=False).strip() != "up":
+        assert time.monotonic() < deadline, f"node{node} did not come back"
         time.sleep(1)

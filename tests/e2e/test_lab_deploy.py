@@ -58,6 +58,20 @@ def test_no_op_up_and_preview_change_nothing(stack):
     stack.up("--expect-no-changes")
     preview = stack.pulumi("preview", "--expect-no-changes", check=True)
     assert planned(preview) == {}
+    # What Docker reports back must equal what the program wrote, or every `up --refresh` restarts.
+    stack.pulumi("preview", "--refresh", "--expect-no-changes", check=True)
+
+
+def test_rdma_on_and_off_deploys_and_refreshes_clean(stack):
+    """The reference cluster's setting: the verbs device and IPC_LOCK (each lab node has a stand-in device)."""
+    stack.edit_catalog("clusters.yaml", lambda c: c["lab"]["docker"].update(rdma=True))
+    stack.up()
+    assert "/dev/infiniband" in node_sh(1, f"docker inspect -f '{{{{json .HostConfig.Devices}}}}' {HEAD}")
+    stack.pulumi("preview", "--refresh", "--expect-no-changes", check=True)
+    stack.edit_catalog("clusters.yaml", lambda c: c["lab"]["docker"].update(rdma=False))
+    stack.up()
+    stack.pulumi("preview", "--refresh", "--expect-no-changes", check=True)
+    assert_serving(stack)
 
 
 def test_serve_only_change_replaces_only_the_serve_chain(stack):
