@@ -40,7 +40,7 @@ head = RayNode("ray-head", RayNodeArgs(stack=d.stack, cluster=cluster, serve=ser
 workers = {
     node.name: RayNode(f"ray-worker-{node.name}",
                        RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name],
-                                   head_container_id=head.container_id, guard=guards.get(node.name),
+                                   head=head, guard=guards.get(node.name),
                                    weights_synced=sync.synced[node.name] if sync else None))
     for node in cluster.workers
 }

@@ -67,7 +67,7 @@ class RayNodeArgs:
     serve: ServeSpec
     node: NodeSpec
     spark: SparkNode
-    head_container_id: Optional[pulumi.Input[str]] = None  # set for workers: ties them to one head
+    head: Optional["RayNode"] = None  # set for workers: ties them to one head
     guard: Optional[pulumi.Resource] = None  # the node's fabric guard: its rules go in before Ray opens a port
     weights_synced: Optional[pulumi.Resource] = None  # the node's weights sync: the weights are in place first
 
@@ -75,6 +75,7 @@ class RayNodeArgs:
 class RayNode(pulumi.ComponentResource):
     """A `ray start --block` container on one node: the head, or a worker joined to the head's fabric address."""
 
+    container: docker.Container
     container_id: pulumi.Output[str]
     container_name: str
 
@@ -83,10 +84,12 @@ class RayNode(pulumi.ComponentResource):
         cluster, node = args.cluster, args.node
         labels = [docker.ContainerLabelArgs(label="spark-vllm.stack", value=args.stack),
                   docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if node.head else "worker")]
-        if args.head_container_id is not None:
-            # A worker must rejoin whenever the head is replaced; depends_on alone would leave it running
-            # against a dead GCS. The head's id in a label makes the replacement part of the worker's diff.
-            labels.append(docker.ContainerLabelArgs(label="spark-vllm.head-id", value=args.head_container_id))
+        if args.head is not None:
+            # A worker must rejoin whenever the head is new; depends_on alone would leave it running against a
+            # dead GCS. The head's id in a label makes a new head part of the worker's diff (also a head
+            # re-created after drift); `replace_with` below makes the engine take the worker down *before* a
+            # head it replaces, which the label cannot: pulumi-docker answers "no diff" while the id is unknown.
+            labels.append(docker.ContainerLabelArgs(label="spark-vllm.head-id", value=args.head.container_id))
         mounts = [docker.ContainerMountArgs(type="bind", source=args.serve.model_path, target=args.serve.model_path,
                                             read_only=True),
                   docker.ContainerMountArgs(type="bind", source=cluster.hf_cache, target=HF_CACHE_IN_CONTAINER)]
@@ -113,12 +116,12 @@ class RayNode(pulumi.ComponentResource):
             mounts=mounts,
             # A rebooted node leaves this down; `pulumi up --refresh` sees it stopped and replaces it (below).
             restart="no",
-            # "*": any diff replaces, which also makes the engine delete a worker before its head is replaced
-            # (it consults these options when it looks for the head's dependents), so no old worker outlives it.
             opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
                                         replace_on_changes=["*"],
+                                        replace_with=[args.head.container] if args.head else None,
                                         depends_on=[r for r in (args.guard, args.weights_synced) if r]),
         )
+        self.container = container
         self.container_id = container.id
         self.register_outputs({"containerId": self.container_id, "containerName": self.container_name,
                                "fabricIp": node.fabric_ip})

@@ -40,6 +40,7 @@ class Registration:
     replace_on_changes: list[str]
     parent: str
     ignore_changes: list[str] = field(default_factory=list)
+    replace_with: list[str] = field(default_factory=list)
 
     def replace_key(self) -> str:
         """What the engine compares to decide on a replacement (the model this test suite checks)."""
@@ -94,7 +95,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
                 inputs=json_format.MessageToDict(request.object), provider=request.provider,
                 dependencies=list(request.dependencies), delete_before_replace=request.deleteBeforeReplace,
                 replace_on_changes=list(request.replaceOnChanges), parent=request.parent,
-                ignore_changes=list(request.ignoreChanges))
+                ignore_changes=list(request.ignoreChanges), replace_with=list(request.replace_with))
         return response
 
 

@@ -171,6 +171,14 @@ def test_every_ray_container_replaces_on_any_change_and_deletes_first(rec):
         assert r.replace_on_changes == ["*"] and r.delete_before_replace, name
 
 
+def test_a_replaced_head_takes_every_worker_down_first(rec):
+    """replace_with: the engine deletes the workers before the head, whatever pulumi-docker's diff says."""
+    head = rec.by_name("ray-head-container").urn
+    assert rec.by_name("ray-head-container").replace_with == []
+    for name in ("ray-worker-spark2-container", "ray-worker-spark3-container"):
+        assert rec.by_name(name).replace_with == [head], name
+
+
 def test_nodes_behind_a_jump_host_use_it_for_docker_and_commands(rec):
     direct = rec.by_name("spark1-docker").inputs
     assert direct["host"] == "ssh://nvidia@10.10.10.11"
