@@ -1,6 +1,7 @@
-"""The serve's launcher, with the secrets inside it, run for real with dash (the nodes' /bin/sh).
+"""The two pieces of shell the program builds from config values, run for real with dash (the nodes' /bin/sh):
+the serve's launcher, with the secrets inside it, and the fabric guard's command, with the SSH user inside it.
 
-It is tried with values that broke it before: the marker file a payload would create must not appear, and
+Each is tried with values that broke it before: the marker file a payload would create must not appear, and
 legitimate values must arrive intact.
 """
 
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from components.config import NodeSpec
+from components.fabric_guard import guard_command
 from components.remote.serve_ready import api_key
 from components.vllm_serve import start_script
 
@@ -87,3 +90,38 @@ def test_the_launcher_without_secrets_starts_vllm_with_an_empty_env_file(tmp_pat
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out" / "api_key").read_text() == ""
     assert (tmp_path / "run" / "serve.env").read_text() == ""
+
+
+def node(user: str) -> NodeSpec:
+    return NodeSpec(name="spark2", head=False, ssh_host="10.0.0.2", ssh_port=22, ssh_user=user, via=None,
+                    fabric_ip="192.168.200.2")
+
+
+def guard(tmp_path: Path, user: str, sudo_works: bool) -> subprocess.CompletedProcess:
+    """The guard's apply command for `user`, run with dash in `tmp_path`, with a stand-in sudo (that fails, or runs its
+    command) and a stand-in iptables that logs its arguments."""
+    stand_in(tmp_path / "bin", "sudo", '#!/bin/sh\n[ "$1" = -n ] && shift\nexec "$@"\n' if sudo_works else
+             "#!/bin/sh\necho 'sudo: a password is required' >&2\nexit 1\n")
+    # Its -C (is the chain hooked?) answers no, so the script hooks it.
+    stand_in(tmp_path / "bin", "iptables", f'#!/bin/sh\necho "$*" >> {tmp_path}/iptables.log\n[ "$2" != -C ]\n')
+    command = guard_command(node(user), "apply", "svl-t-0123abcd", "enp1s0f1np1", "spark-vllm stack t", "6379")
+    return subprocess.run([SHELL, "-c", command], capture_output=True, text=True, cwd=tmp_path, timeout=30,
+                          env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("user", ["nvidia'; touch marker; echo '", "o'neil", "$(touch marker)", "a\\c`touch marker`"])
+def test_no_user_name_runs_as_shell_in_the_guard_command(tmp_path, user):
+    done = guard(tmp_path, user, sudo_works=False)
+    assert not (tmp_path / "marker").exists()
+    assert done.returncode == 4, done.stderr
+    assert done.stderr == (f"fabric guard on spark2: {user} cannot run sudo without a password; allow it (iptables "
+                           "needs root) or set ray.fabricGuard: false\n")
+
+
+def test_the_guard_command_applies_the_chain_through_sudo(tmp_path):
+    done = guard(tmp_path, "nvidia", sudo_works=True)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "iptables.log").read_text().splitlines()
+    assert "-w -N svl-t-0123abcd" in log
+    assert "-w -A svl-t-0123abcd -p tcp --syn --dport 6379 -j REJECT --reject-with tcp-reset" in log
+    assert "-w -I INPUT 1 -j svl-t-0123abcd" in log
