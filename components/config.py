@@ -176,7 +176,7 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
         raise checks.error("syncWeights", True, "false while preflight.enabled is false",
                            "is true, but the sync acts on what preflight finds, and preflight is off")
     checks.done()
-    secrets = [key for key in SECRET_KEYS if top.has(key) and _secret(top, key, secret_keys)]
+    secrets = [key for key in SECRET_KEYS if _secret(top, key, secret_keys)]
     _refuse_flat_paths(top)
     top.done()
 
@@ -206,8 +206,10 @@ def _refuse_near_namespaces(config: Mapping[str, Any], stack_file: str) -> None:
 
 
 def _secret(top: Section, key: str, secret_keys: set[str]) -> bool:
-    """Checks a secret (`apiKey`, `hfToken`): set with --secret, on one line, and sendable in an HTTP header."""
-    value = top.str(key, accepted="a secret string")
+    """Whether the secret `key` (`apiKey`, `hfToken`) is set: with --secret, on one line, sendable in an HTTP header."""
+    value = top.str(key, None, accepted="a secret string")
+    if value is None:
+        return False
     if f"{NAMESPACE}:{key}" not in secret_keys:
         raise top.error(key, value, f"a secret: run `pulumi config set --secret {NAMESPACE}:{key} <value>`",
                         "is stored in plain text")
@@ -344,19 +346,19 @@ def _check_nodes(c: Section, nodes: list[NodeSpec]) -> None:
         raise c.error("nodes", [nodes[i].name for i in heads], "exactly one node with `role: head`",
                       f"has {len(heads)} head nodes" + (f" ({', '.join(nodes[i].name for i in heads)})" if heads else ""))
     via = {n.name: n.via for n in nodes}
-    others = {n.name: ", ".join(m for m, hop in via.items() if hop is None and m != n.name) for n in nodes}
+    others = {n.name: [m for m, hop in via.items() if hop is None and m != n.name] for n in nodes}
     jumps = [(i, n) for i, n in enumerate(nodes) if n.via is not None]
 
     def refuse(i: int, node: NodeSpec, problem: str) -> ConfigError:
         return c.error(f"nodes[{i}].ssh.via", node.via, "the name of a node reached directly, without ssh.via: "
-                       + others[node.name] if others[node.name] else "the name of a node reached directly, but no "
-                       "other node is: reach one without ssh.via", f"is {node.via!r}, {problem}")
+                       + ", ".join(others[node.name]) if others[node.name] else "the name of a node reached directly, "
+                       "but no other node is: reach one without ssh.via", f"is {node.via!r}, {problem}")
 
     for i, node in jumps:
         if node.via == node.name:
             raise refuse(i, node, "the node itself")
         if node.via not in via:
-            raise refuse(i, node, "which is no node's name" + did_you_mean(node.via, via))
+            raise refuse(i, node, "which is no node's name" + did_you_mean(node.via, others[node.name]))
     for i, node in jumps:
         hops = [node.name, node.via]
         while via[hops[-1]] is not None and hops[-1] not in hops[:-1]:
@@ -411,7 +413,8 @@ def _extra_args(s: Section) -> tuple[str, ...]:
     for i, arg in enumerate(args):
         key = f"extraArgs[{i}]"
         if arg == "" or "\0" in arg:
-            raise s.error(key, arg, "a flag or a value", "is empty" if arg == "" else f"is {arg!r}, with a NUL character")
+            raise s.error(key, arg, "a flag or a value",
+                          "is empty" if arg == "" else f"is {arg!r}, with a NUL character")
         name = arg.split("=", 1)[0]
         if arg.strip().startswith("-") and name != "".join(name.split()):
             raise s.error(key, arg, "one flag an item, its value in the next item or after `=`, such as "
@@ -421,8 +424,8 @@ def _extra_args(s: Section) -> tuple[str, ...]:
         if flag in serve_flags.SECRET:
             secret = serve_flags.SECRET[flag]
             raise s.error(key, serve_flags.shown(arg),
-                          f"no {flag} here: run `pulumi config set --secret {NAMESPACE}:{secret} <value>`, which reaches "
-                          "vLLM in its environment, never on a command line",
+                          f"no {flag} here: run `pulumi config set --secret {NAMESPACE}:{secret} <value>`, which "
+                          "reaches vLLM in its environment, never on a command line",
                           f"is {serve_flags.shown(arg)!r}, which would put a secret on the serve's command line, in "
                           "plain text in the state")
         if flag is not None:

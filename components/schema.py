@@ -40,7 +40,7 @@ class _Shown:
 
 
 _MISSING: Any = _Shown("missing")
-HIDDEN: Any = _Shown("(a secret, not shown)")
+HIDDEN: Any = _Shown("<secret, not shown>")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
 # `pulumi config set --path` stores what it is given as a string ('0.8', 'true'), and YAML 1.1 (the catalogs) reads
@@ -181,7 +181,7 @@ class Section:
     def gpus(self, key: str, default: Any = _MISSING) -> Any:
         return self._typed(key, default, "'all', 'none', a GPU count such as 2, device=0, or several devices in "
                                          "double quotes such as '\"device=0,1\"'",
-                           lambda v: formats.fullmatch(formats.GPUS, v))
+                           lambda v: formats.fullmatch(formats.GPUS, v), lambda v: str(v) if type(v) is int else v)
 
     def abs_path(self, key: str, default: Any = _MISSING) -> Any:
         value = self._get(key, default, "an absolute path")
@@ -222,7 +222,8 @@ class Section:
     def sections(self, key: str) -> list["Section"]:
         value = self._typed(key, _MISSING, "a non-empty list of mappings",
                             lambda v: isinstance(v, list) and len(v) > 0)
-        return [Section(item, self.file, f"{self.key_path(key)}[{i}]", secret=self.secret) for i, item in enumerate(value)]
+        return [Section(item, self.file, f"{self.key_path(key)}[{i}]", secret=self.secret)
+                for i, item in enumerate(value)]
 
     def unknown(self) -> list[Any]:
         return sorted(set(self.data) - self._read, key=str)
@@ -232,7 +233,8 @@ class Section:
         if unknown:
             key = unknown[0]
             raise self.error(key, self.data[key], "one of the known keys: " + ", ".join(sorted(self._read)),
-                             f"({self.shown(key, self.data[key])!r}) is not a known key" + did_you_mean(key, self._read))
+                             f"({self.shown(key, self.data[key])!r}) is not a known key"
+                             + did_you_mean(key, self._read))
 
 
 def _is_ipv4(value: Any) -> bool:
