@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from . import serve_flags, yaml_file
-from .schema import ConfigError, Section, closest, did_you_mean
+from .schema import HIDDEN, ConfigError, Section, closest, did_you_mean
 
 NAMESPACE = "spark-vllm"
 SECRET_KEYS = ("apiKey", "hfToken")
@@ -223,10 +224,11 @@ def _refuse_flat_paths(top: Section) -> None:
     """`pulumi config set spark-vllm:serve.maxModelLen 8192` without --path sets a key named `serve.maxModelLen`."""
     for key in top.unknown():
         if isinstance(key, str) and "." in key and key.split(".")[0] in top._read:
-            name = f"{NAMESPACE}:{key}"
-            raise top.error(key, top.data[key], f"it set with --path: run `pulumi config rm {name}`, then "
-                                                f"`pulumi config set --path {name} <value>`",
-                            f"({top.shown(key, top.data[key])!r}) is not a known key: set without --path, the whole of "
+            name, value = f"{NAMESPACE}:{key}", top.data[key]
+            again = "<value>" if top.shown(key, value) is HIDDEN else shlex.quote(str(value))
+            raise top.error(key, value, f"it set with --path: run `pulumi config rm {name}`, then "
+                                        f"`pulumi config set --path {name} {again}`",
+                            f"({top.shown(key, value)!r}) is not a known key: set without --path, the whole of "
                             f"{key!r} is one key's name")
 
 

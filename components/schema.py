@@ -84,7 +84,8 @@ class Section:
         return f"{self.path}{self.sep}{key}" if self.path else key
 
     def shown(self, key: Any, value: Any) -> Any:
-        return HIDDEN if self.secret or str(key).split(".")[0] in self.secret_keys else value
+        hidden = self.secret or str(key) in self.secret_keys or str(key).split(".")[0] in self.secret_keys
+        return HIDDEN if hidden else value
 
     def error(self, key: Any, value: Any, accepted: str, problem: str = "") -> ConfigError:
         return ConfigError(self.file, self.key_path(str(key)), self.shown(key, value), accepted, problem)
