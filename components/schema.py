@@ -189,9 +189,10 @@ class Section:
         if value is _MISSING:
             return default
         if not formats.normal_absolute_path(value):
-            plain = posixpath.normpath(value.strip()) if isinstance(value, str) and value.strip()[:1] == "/" else None
+            plain = posixpath.normpath(value.strip()) if isinstance(value, str) else None
             raise self.error(key, value, "an absolute path on the node, written plainly (no ~, .., // or trailing /, "
-                                         "no surrounding spaces)" + (f": {plain!r}" if plain and plain != "//" else ""))
+                                         "no surrounding spaces)"
+                             + (f": {plain!r}" if formats.normal_absolute_path(plain) else ""))
         return value
 
     def str_list(self, key: str, default: Any = _MISSING) -> Any:
