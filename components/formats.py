@@ -14,9 +14,10 @@ from typing import Any
 # first `=`, so a key `FOO=BAR` silently becomes FOO with the value `BAR=...`.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
-# User names: POSIX's portable set (letters, digits, `.`, `_`, `-`), not starting with a digit, `.` or `-` (useradd
-# refuses those), at most 32 characters (the utmp limit). No `$`: names ending in it are Samba machine accounts,
-# which do not log in. The set holds no shell metacharacter, which OpenSSH 9.6 also refuses in a user name.
+# User names: POSIX's portable set (letters, digits, `.`, `_`, `-`), starting with a letter or `_` as Debian's and
+# Ubuntu's adduser require (a leading `-` would read as an option), at most 32 characters (utmp's limit). No `$`:
+# names ending in it are Samba machine accounts, which do not log in. The set holds no shell metacharacter, which
+# OpenSSH 9.6 also refuses in a user name given on its command line.
 USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", re.ASCII)
 
 # Linux interface names: 1-15 bytes (IFNAMSIZ), no `/`, `:` or whitespace; iptables and NCCL take them as given.

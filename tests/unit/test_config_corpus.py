@@ -114,7 +114,7 @@ def test_accepted_and_built(tmp_path, case):
                       *d.cluster.guarded_ports)
         guard_command(node, "remove", chain)
     argv = serve_argv(d.serve, d.cluster)
-    assert "@ENV@" not in start_script({key: f"{key}-value" for key in d.secrets})
+    assert "@ENV@" not in start_script({key: case["secrets"][f"spark-vllm:{key}"] for key in d.secrets})
     # No flag the program sets appears twice, in any spelling vLLM reads.
     flags = [serve_flags.flag(arg) for arg in argv if serve_flags.flag(arg) in serve_flags.OWNED]
     assert len(flags) == len(set(flags)), argv
