@@ -45,7 +45,7 @@ MATRIX = [
     ("max model len", dict(serve={"maxModelLen": 4096}), SERVE_CHAIN, set()),
     ("gpu memory utilization", dict(serve={"gpuMemoryUtilization": 0.8}), SERVE_CHAIN, set()),
     ("enforce eager off", dict(serve={"enforceEager": False}), SERVE_CHAIN, set()),
-    ("extra args", dict(serve={"extraArgs": ["--max-num-seqs", "8"]}), SERVE_CHAIN, set()),
+    ("extra args", dict(serve={"extraArgs": ["--max-num-batched-tokens", "8192"]}), SERVE_CHAIN, set()),
     ("api key", dict(apiKey="key-two"), SERVE_CHAIN, set()),
     ("one worker's env", dict(clusters=cluster(lambda c: c["nodes"][2].update(env={"NCCL_DEBUG": "INFO"}))),
      {"ray-worker-spark3-container"} | GATE_AND_SERVE, set()),
