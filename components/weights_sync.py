@@ -15,6 +15,7 @@ of a running deployment replaces nothing else: the running vLLM keeps the weight
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import shlex
@@ -68,8 +69,10 @@ def sync_argv(cluster: ClusterSpec, checks: PreflightSpec, model_path: str, work
 
 
 def sync_script(private_key: Optional[str]) -> str:
-    """The script with the key inlined; a secret whenever the key is. Without a key, the head's own identity."""
-    return script("weights_sync.sh").replace("@KEY@", (private_key or "").rstrip("\n"))
+    """The script with the key inlined as base64; a secret whenever the key is. Without a key, the head's own
+    identity."""
+    key = private_key.rstrip("\n") + "\n" if private_key else ""
+    return script("weights_sync.sh").replace("@KEY@", base64.b64encode(key.encode()).decode())
 
 
 @dataclass

@@ -1,7 +1,7 @@
 # Copies the weights a worker lacks, or holds in another size (or, by checksum, other contents), from the head
 # to that worker over the fabric, with rsync over ssh (spark-vllm:preflight.syncWeights). Runs on the head, sent
-# over SSH on stdin. The SSH key arrives in the heredoc below, never on a command line; it lives in a 0600 file
-# in a private temp folder that is removed on exit.
+# over SSH on stdin. The SSH key arrives base64-encoded in this text (no key can end it early), never on a
+# command line; it lives in a 0600 file in a private temp folder that is removed on exit.
 # Arguments: head worker fabric_ip ssh_port ssh_user path timeout_s size-only|checksum
 set -u
 head=$1 worker=$2 ip=$3 port=$4 user=$5 path=$6 limit=$7 compare=$8
@@ -9,13 +9,11 @@ umask 077
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 143' HUP INT TERM
-cat > "$tmp/key" <<'SPARK_VLLM_KEY'
-@KEY@
-SPARK_VLLM_KEY
+printf '%s' '@KEY@' | base64 -d > "$tmp/key" || exit 1
 identity=""
-# An empty key (one newline) means the cluster uses the ssh agent: then the head's own identity is used.
-[ "$(wc -c < "$tmp/key")" -gt 1 ] && identity="-o IdentitiesOnly=yes -i $tmp/key"
-# Host keys: accept-new into a known_hosts file of this run only; see the README's security model.
+# An empty key means the cluster uses the ssh agent: then the head's own identity is used.
+[ -s "$tmp/key" ] && identity="-o IdentitiesOnly=yes -i $tmp/key"
+# Host keys: accept-new into a known_hosts file of this run only; see docs/security.md.
 ssh="ssh -o BatchMode=yes -o ConnectTimeout=15 -o ServerAliveInterval=15 -o LogLevel=ERROR"
 ssh="$ssh -o StrictHostKeyChecking=accept-new"
 ssh="$ssh -o UserKnownHostsFile=$tmp/known_hosts $identity -p $port"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 from pathlib import Path
@@ -92,7 +93,7 @@ def test_the_key_reaches_the_sync_only_inside_secrets(tmp_path, monkeypatch):
     for reg in rec.resources.values():
         assert not any(key_body in text for text in plain_strings(reg.inputs)), reg.name
     sync = rec.by_name("weights-sync-spark2").inputs
-    assert plain_strings(sync["stdin"]) == [] and KEY.rstrip("\n") in sync["stdin"]["value"]
+    assert plain_strings(sync["stdin"]) == [] and base64.b64encode(KEY.encode()).decode() in sync["stdin"]["value"]
     assert plain_strings(sync["connection"]) == []
     assert key_body not in sync["create"]
 
@@ -161,6 +162,14 @@ def test_the_script_copies_over_the_fabric_with_the_key_in_a_private_file_it_rem
     key_path = Path((out / "key.path").read_text().strip())
     assert not key_path.exists() and not key_path.parent.exists()  # the temp folder is gone
     assert "unit-test-key-material" not in done.stdout + done.stderr
+
+
+def test_no_key_content_can_end_the_key_text_and_run_as_shell(tmp_path):
+    marker = tmp_path / "injected"
+    hostile = f"-----BEGIN KEY-----\nSPARK_VLLM_KEY\ntouch {marker}\n'; touch {marker}; '\n-----END KEY-----\n"
+    done, out = run_script(tmp_path, "copy", key=hostile)
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists() and (out / "key").read_text() == hostile
 
 
 def test_the_script_without_a_key_names_none(tmp_path):
