@@ -159,8 +159,9 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
     top = Section({k[len(NAMESPACE) + 1:]: v for k, v in config.items() if k.startswith(NAMESPACE + ":")},
                   stack_file, NAMESPACE, sep=":")
     top.secret_keys = {*SECRET_KEYS, *(k[len(NAMESPACE) + 1:] for k in secret_keys if k.startswith(NAMESPACE + ":"))}
+    # A site keeps its catalogs outside the checkout: an absolute path, or one under ~; relative to the project.
     catalog_name = top.str("catalog", "catalog")
-    catalog_dir = project_dir / catalog_name
+    catalog_dir = project_dir / Path(catalog_name).expanduser()
     cluster_name = top.str("cluster")
     model_name = top.str("model")
     overrides = top.section("serve")

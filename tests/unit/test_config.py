@@ -211,3 +211,10 @@ def test_shipped_stacks_validate(stack, monkeypatch, tmp_path):
     values = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
     d = config.load(stack, values, set(), ROOT)
     assert d.serve.tensor_parallel * d.serve.pipeline_parallel == d.cluster.total_gpus
+
+
+def test_a_site_catalog_outside_the_checkout_is_found_under_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_catalog(tmp_path / "spark-site")
+    d = config.load("test", {**stack_config(tmp_path / "unused"), "spark-vllm:catalog": "~/spark-site"}, set(), ROOT)
+    assert d.cluster.name == "c3" and d.serve.model_path == "/models/big"
