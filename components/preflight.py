@@ -22,11 +22,11 @@ from typing import Optional
 
 import pulumi
 
+from . import node_runner
 from .config import ClusterSpec, Deployment, NodeSpec
 from .fabric_guard import chain_name, chain_prefix
 from .ray_node import container_name
 from .remote import script
-from .spark_node import ssh_argv
 
 MARK = "SPARK_VLLM_PREFLIGHT "
 GIB = 1 << 30
@@ -105,12 +105,10 @@ def ssh_target(d: Deployment, node: NodeSpec) -> str:
 
 def probe(d: Deployment, node: NodeSpec) -> dict:
     """One node's facts; {"sshError": why} when SSH fails, {"probeError": why} when the probe cannot run."""
-    jump = d.cluster.node(node.via) if node.via else None
-    argv = ssh_argv(d.cluster.ssh, node, jump, "python3 - " + shlex.quote(json.dumps(probe_spec(d, node))))
     start = time.monotonic()
     try:
-        done = subprocess.run(argv, input=script("preflight_probe.py"), capture_output=True, text=True,
-                              timeout=d.preflight.timeout_s)
+        done = node_runner.run(d.cluster, node, "python3 - " + shlex.quote(json.dumps(probe_spec(d, node))),
+                               stdin=script("preflight_probe.py"), timeout=d.preflight.timeout_s)
     except subprocess.TimeoutExpired:
         return {"sshError": f"gave no answer within {d.preflight.timeout_s} s (spark-vllm:preflight.timeoutSeconds)"}
     seconds = round(time.monotonic() - start, 1)

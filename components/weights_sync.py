@@ -26,6 +26,7 @@ import pulumi
 import pulumi_command as command
 
 from .config import ClusterSpec, PreflightSpec, ServeSpec
+from .node_runner import rsync_argv
 from .preflight import sync_needed
 from .remote import script
 
@@ -61,10 +62,12 @@ def plan(cluster: ClusterSpec, checks: PreflightSpec, facts: Mapping[str, dict],
     return plans
 
 
-def sync_argv(cluster: ClusterSpec, checks: PreflightSpec, model_path: str, worker_name: str) -> list[str]:
+def sync_argv(cluster: ClusterSpec, checks: PreflightSpec, model_path: str, worker_name: str,
+              with_key: bool) -> list[str]:
     worker = cluster.node(worker_name)
-    return ["sh", "-s", "--", cluster.head.name, worker.name, worker.fabric_ip, str(worker.ssh_port),
-            worker.ssh_user, model_path, str(checks.sync_timeout_s), "checksum" if checks.hash_weights else "size-only"]
+    rsync = rsync_argv(model_path, worker, worker.fabric_ip, checks.hash_weights, with_key)
+    return ["sh", "-s", "--", cluster.head.name, worker.name, worker.fabric_ip, model_path,
+            str(checks.sync_timeout_s), *rsync]
 
 
 def sync_script(private_key: Optional[str]) -> str:
@@ -97,7 +100,8 @@ class WeightsSync(pulumi.ComponentResource):
             self.synced[worker.name] = command.remote.Command(
                 f"{name}-{worker.name}",
                 connection=args.connection,
-                create=shlex.join(sync_argv(args.cluster, args.checks, args.serve.model_path, worker.name)),
+                create=shlex.join(sync_argv(args.cluster, args.checks, args.serve.model_path, worker.name,
+                                            with_key=args.private_key is not None)),
                 stdin=stdin,
                 triggers=p.triggers,
                 add_previous_output_in_env=False,

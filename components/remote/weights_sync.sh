@@ -2,9 +2,13 @@
 # to that worker over the fabric, with rsync over ssh (spark-vllm:preflight.syncWeights). Runs on the head, sent
 # over SSH on stdin. The SSH key arrives in the heredoc below, never on a command line; it lives in a 0600 file
 # in a private temp folder that is removed on exit.
-# Arguments: head worker fabric_ip ssh_port ssh_user path timeout_s size-only|checksum
+# Arguments: head worker fabric_ip path timeout_s rsync-argv... (components/node_runner.py's rsync_argv, whose ssh
+# reads the key and known_hosts from $SPARK_VLLM_SSH_DIR)
 set -u
-head=$1 worker=$2 ip=$3 port=$4 user=$5 path=$6 limit=$7 compare=$8
+head=$1 worker=$2 ip=$3 path=$4 limit=$5
+shift 5
+rsync=$1
+shift
 umask 077
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
@@ -12,22 +16,14 @@ trap 'exit 143' HUP INT TERM
 cat > "$tmp/key" <<'SPARK_VLLM_KEY'
 @KEY@
 SPARK_VLLM_KEY
-identity=""
-# An empty key (one newline) means the cluster uses the ssh agent: then the head's own identity is used.
-[ "$(wc -c < "$tmp/key")" -gt 1 ] && identity="-o IdentitiesOnly=yes -i $tmp/key"
-# Host keys: accept-new into a known_hosts file of this run only; see the README's security model.
-ssh="ssh -o BatchMode=yes -o ConnectTimeout=15 -o ServerAliveInterval=15 -o LogLevel=ERROR"
-ssh="$ssh -o StrictHostKeyChecking=accept-new"
-ssh="$ssh -o UserKnownHostsFile=$tmp/known_hosts $identity -p $port"
-quoted=$(printf '%s' "$path" | sed "s/'/'\\\\''/g")
-case $compare in checksum) by="size and SHA-256 (rsync --checksum)" ;; *) by="size" ;; esac
+export SPARK_VLLM_SSH_DIR="$tmp"
+case " $* " in *" --checksum "*) by="size and SHA-256 (rsync --checksum)" ;; *) by="size" ;; esac
 echo "spark-vllm: syncing $head:$path/ to $worker ($ip) over the fabric; files compared by $by"
 start=$(date +%s.%N)
 # rsync's progress2 line is rewritten in place with \r: each update becomes a line, of which one is kept at each
 # finished file and at every GiB. (Its percentage is of every file, copied or not, so it is left out.)
 {
-  timeout -k 10 "$limit" rsync -a "--$compare" --info=progress2 --out-format='SPARK_VLLM_FILE %l %n' \
-    --rsync-path="mkdir -p '$quoted' && rsync" -e "$ssh" "$path/" "$user@$ip:$path/" </dev/null 2>&1
+  timeout -k 10 "$limit" "$rsync" --info=progress2 --out-format='SPARK_VLLM_FILE %l %n' "$@" </dev/null 2>&1
   echo $? > "$tmp/rc"
 } | tr '\r' '\n' | awk -v sum="$tmp/sum" '
   function human(n) {

@@ -16,11 +16,11 @@ import subprocess
 import pulumi
 import pytest
 
-from components import config, preflight
+from components import config, node_runner, preflight
 from components.fabric_guard import chain_name
 from components.preflight import Finding, evaluate
 from components.schema import ConfigError
-from components.spark_node import docker_ssh_opts
+from components.node_runner import provider_ssh_opts
 from fixtures import cluster_with, stack_config, write_catalog
 from harness import ROOT, run_program
 
@@ -752,17 +752,19 @@ def test_the_probe_is_sent_with_the_docker_providers_ssh_options(tmp_path, monke
     class Done:
         returncode, stdout, stderr = 0, preflight.MARK + json.dumps({"docker": {}}) + "\n", ""
 
-    monkeypatch.setattr(preflight.subprocess, "run", lambda argv, **kw: calls.append((argv, kw)) or Done())
+    monkeypatch.setattr(node_runner.subprocess, "run", lambda argv, **kw: calls.append((argv, kw)) or Done())
     assert preflight.probe(d, d.cluster.node("spark2"))["docker"] == {}
     argv, kw = calls[0]
-    opts = docker_ssh_opts(d.cluster.ssh, d.cluster.node("spark1"))
+    opts = provider_ssh_opts(d.cluster.ssh, d.cluster.node("spark1"))
     assert argv[:len(opts) + 3] == ["ssh", *opts, "-p", "22"]
     assert any(o.startswith("ProxyCommand=ssh ") and o.endswith(" -W %h:%p nvidia@10.10.10.11") for o in argv)
-    assert argv[-3:-1] == ["nvidia@192.168.200.2", "--"] and argv[-1].startswith("python3 - ")
-    spec = json.loads(shlex.split(argv[-1])[2])
+    assert argv[-3:-1] == ["nvidia@192.168.200.2", "--"]
+    started, probe = argv[-1].split("; ", 1)
+    assert started == "echo 'spark-vllm: command started' >&2" and probe.startswith("python3 - ")
+    spec = json.loads(shlex.split(probe)[2])
     assert spec["peers"] == {"spark1": "192.168.200.1", "spark3": "192.168.200.3"} and spec["ports"] == []
     assert spec["syncWeights"] is False
-    assert kw["timeout"] == 7 and kw["input"].startswith('"""Collects one node')
+    assert 6 < kw["timeout"] <= 7 and kw["input"].startswith('"""Collects one node')
 
 
 # ---- the probe's own fact-gathering, on this machine ----

@@ -10,6 +10,7 @@ import pytest
 
 from components import preflight, weights_sync
 from components.config import load
+from components.node_runner import rsync_argv
 from fixtures import KEY, stack_config, write_catalog
 from harness import ROOT, plain_strings, run_program
 from test_preflight_checks import MODEL_FILES, SHARDS, healthy
@@ -38,7 +39,8 @@ def test_each_worker_waits_for_its_own_sync_run_on_the_head_over_the_fabric(tmp_
     for worker, ip in (("spark2", "192.168.200.2"), ("spark3", "192.168.200.3")):
         sync = rec.by_name(f"weights-sync-{worker}")
         assert sync.parent == component.urn
-        assert sync.inputs["create"] == f"sh -s -- spark1 {worker} {ip} 22 nvidia /models/big 3600 size-only"
+        assert sync.inputs["create"].startswith(f"sh -s -- spark1 {worker} {ip} /models/big 3600 rsync -a --size-only ")
+        assert sync.inputs["create"].endswith(f" /models/big/ nvidia@{ip}:/models/big/")
         assert sync.inputs["connection"]["value"]["host"] == "10.10.10.11"  # rsync runs on the head
         container = rec.by_name(f"ray-worker-{worker}-container")
         assert sync.urn in container.dependencies
@@ -83,7 +85,7 @@ def test_hashed_weights_are_compared_by_checksum(tmp_path, monkeypatch):
     for f in facts.values():
         f["model"]["sha256"] = {name: "0" * 64 for name in SHARDS}
     rec = program(tmp_path, monkeypatch, facts=facts, syncWeights=True, hashWeights=True, syncTimeoutSeconds=600)
-    assert rec.by_name("weights-sync-spark2").inputs["create"].endswith(" /models/big 600 checksum")
+    assert " /models/big 600 rsync -a --checksum " in rec.by_name("weights-sync-spark2").inputs["create"]
 
 
 def test_the_key_reaches_the_sync_only_inside_secrets(tmp_path, monkeypatch):
@@ -113,7 +115,9 @@ FAKE_RSYNC = r"""#!/bin/sh
 out=$FAKE_OUT
 printf '%s\n' "$@" > "$out/argv"
 ssh=$(for a; do case $prev in -e) printf '%s' "$a" ;; esac; prev=$a; done)
-key=$(printf '%s' "$ssh" | sed -n 's/.* -i \([^ ]*\) .*/\1/p')
+# The key file as ssh would expand it: IdentityFile=${SPARK_VLLM_SSH_DIR}/key.
+key=$(printf '%s' "$ssh" | sed -n 's/.*IdentityFile=\${SPARK_VLLM_SSH_DIR}\([^ ]*\).*/\1/p')
+[ -n "$key" ] && key=$SPARK_VLLM_SSH_DIR$key
 if [ -n "$key" ]; then cp "$key" "$out/key"; stat -c %a "$key" > "$out/key.mode"; echo "$key" > "$out/key.path"; fi
 case $FAKE_MODE in
   copy)
@@ -135,9 +139,10 @@ def run_script(tmp_path, mode, key=KEY, limit="60"):
     (bin_dir / "rsync").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_OUT": str(out), "FAKE_MODE": mode,
            "TMPDIR": str(tmp_path)}
-    done = subprocess.run(["sh", "-s", "--", "spark1", "spark2", "192.168.200.2", "22", "nvidia", "/models/big", limit,
-                           "size-only"], input=weights_sync.sync_script(key), env=env, capture_output=True,
-                          text=True, timeout=60)
+    worker = load("t", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT).cluster.node("spark2")
+    rsync = rsync_argv("/models/big", worker, "192.168.200.2", checksum=False, with_key=key is not None)
+    done = subprocess.run(["sh", "-s", "--", "spark1", "spark2", "192.168.200.2", "/models/big", limit, *rsync],
+                          input=weights_sync.sync_script(key), env=env, capture_output=True, text=True, timeout=60)
     return done, out
 
 
@@ -152,11 +157,12 @@ def test_the_script_copies_over_the_fabric_with_the_key_in_a_private_file_it_rem
     assert len(lines) == 4 and lines[3].startswith("spark-vllm: synced 1 file, 4.0 MiB, from spark1 to spark2 in ")
     assert lines[3].endswith(" GB/s")
     argv = (out / "argv").read_text().splitlines()
-    assert argv[:4] == ["-a", "--size-only", "--info=progress2", "--out-format=SPARK_VLLM_FILE %l %n"]
+    assert argv[:4] == ["--info=progress2", "--out-format=SPARK_VLLM_FILE %l %n", "-a", "--size-only"]
     assert argv[-2:] == ["/models/big/", "nvidia@192.168.200.2:/models/big/"]
-    assert "--rsync-path=mkdir -p '/models/big' && rsync" in argv
+    assert "--rsync-path=mkdir -p /models/big && rsync" in argv
     ssh = argv[argv.index("-e") + 1]
     assert "StrictHostKeyChecking=accept-new" in ssh and "BatchMode=yes" in ssh and ssh.endswith(" -p 22")
+    assert "UserKnownHostsFile=${SPARK_VLLM_SSH_DIR}/known_hosts" in ssh
     assert (out / "key").read_text() == KEY and (out / "key.mode").read_text().strip() == "600"
     key_path = Path((out / "key.path").read_text().strip())
     assert not key_path.exists() and not key_path.parent.exists()  # the temp folder is gone
@@ -166,7 +172,7 @@ def test_the_script_copies_over_the_fabric_with_the_key_in_a_private_file_it_rem
 def test_the_script_without_a_key_names_none(tmp_path):
     done, out = run_script(tmp_path, "copy", key=None)
     assert done.returncode == 0 and not (out / "key").exists()
-    assert " -i " not in (out / "argv").read_text()
+    assert "IdentityFile" not in (out / "argv").read_text()
 
 
 @pytest.mark.parametrize("mode,limit,message", [
