@@ -5,10 +5,10 @@ from pathlib import Path
 import pulumi
 
 from components import config, preflight
-from components.cluster_ready import ClusterReady, ClusterReadyArgs
 from components.fabric_guard import FabricGuard, FabricGuardArgs
+from components.gate import Gate, GateArgs
+from components.gate_args import cluster_ready_args, serve_ready_args
 from components.ray_node import RayNode, RayNodeArgs
-from components.serve_ready import ServeReady, ServeReadyArgs
 from components.spark_node import SparkNode, SparkNodeArgs
 from components.vllm_serve import VllmServe, VllmServeArgs
 from components.weights_sync import WeightsSync, WeightsSyncArgs
@@ -44,18 +44,21 @@ workers = {
                                    weights_synced=sync.synced[node.name] if sync else None))
     for node in cluster.workers
 }
-cluster_ready = ClusterReady("cluster-ready", ClusterReadyArgs(
-    cluster=cluster, connection=head_spark.connection, head_container=head.container_name,
-    container_ids=[head.container_id, *(w.container_id for w in workers.values())],
-    timeout_s=d.cluster_ready_timeout_s))
+# The gates were two component types before they were one: the aliases keep existing stacks' gates in place.
+cluster_ready = Gate("cluster-ready", GateArgs(
+    connection=head_spark.connection, container=head.container_name, script="cluster_ready.py",
+    args=cluster_ready_args(cluster), triggers=[head.container_id, *(w.container_id for w in workers.values())],
+    timeout_s=d.cluster_ready_timeout_s),
+    opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ClusterReady")]))
 vllm = VllmServe("vllm-serve", VllmServeArgs(
     cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
     cluster_ready_id=cluster_ready.ready_id,
     secrets={key: stack_config.require_secret(key) for key in d.secrets},
     nodes={name: spark.connection for name, spark in sparks.items()}))
-serve_ready = ServeReady("serve-ready", ServeReadyArgs(
-    cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
-    serve_id=vllm.serve_id, timeout_s=d.serve_ready_timeout_s))
+serve_ready = Gate("serve-ready", GateArgs(
+    connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
+    args=serve_ready_args(cluster, serve), triggers=[vllm.serve_id], timeout_s=d.serve_ready_timeout_s),
+    opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ServeReady")]))
 
 # The URL is exported only once the model answers, so a stack output always points at a working endpoint.
 pulumi.export("baseUrl", serve_ready.ready_id.apply(
