@@ -3,18 +3,9 @@ serve_ready.py."""
 
 from __future__ import annotations
 
-import ipaddress
-
 from .config import ClusterSpec, ServeSpec
+from .schema import _is_ipv4 as is_ipv4  # the validator's own check; schema.py is being rewritten, so not renamed
 from .vllm_serve import ENV_FILE, LOG_FILE, PID_FILE
-
-
-def _is_ip(value: str) -> bool:
-    try:
-        ipaddress.IPv4Address(value)
-        return True
-    except ValueError:
-        return False
 
 
 def cluster_ready_args(cluster: ClusterSpec) -> list[str]:
@@ -24,7 +15,7 @@ def cluster_ready_args(cluster: ClusterSpec) -> list[str]:
     argv += [f"--expect={n.name}={n.fabric_ip}" for n in cluster.nodes]
     # Management addresses let the gate name the seed's failure: a node registered on the wrong network.
     argv += [f"--management={n.name}={n.ssh_host}" for n in cluster.nodes
-             if _is_ip(n.ssh_host) and n.ssh_host != n.fabric_ip]
+             if is_ipv4(n.ssh_host) and n.ssh_host != n.fabric_ip]
     return argv
 
 

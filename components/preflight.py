@@ -27,6 +27,7 @@ from .config import ClusterSpec, Deployment, NodeSpec
 from .fabric_guard import chain_name, chain_prefix
 from .ray_node import container_name
 from .remote import script
+from .text import last_line, size, table
 
 MARK = "SPARK_VLLM_PREFLIGHT "
 GIB = 1 << 30
@@ -116,15 +117,10 @@ def probe(d: Deployment, node: NodeSpec) -> dict:
     if found:
         return {**json.loads(found[-1]), "seconds": seconds}
     if done.returncode == 255:
-        return {"sshError": f"failed: {_last_line(done.stderr)}"}
+        return {"sshError": f"failed: {last_line(done.stderr)}"}
     if done.returncode == 127:
         return {"probeError": "python3 is not installed on the node", "seconds": seconds}
-    return {"probeError": f"the probe failed: {_last_line(done.stderr)}", "seconds": seconds}
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "(no output)"
+    return {"probeError": f"the probe failed: {last_line(done.stderr)}", "seconds": seconds}
 
 
 # ---- evaluation: facts -> findings (pure, so every message is unit-tested) ----
@@ -326,14 +322,6 @@ def check_architecture(d: Deployment, node: NodeSpec, f: dict) -> Finding:
                        f"vLLM {inside['vllm']}",
                        f"use an image whose vLLM supports {archs[0]}, or another model")
     return Finding(node.name, "architecture", "ok", f"{', '.join(archs)} is supported by vLLM {inside['vllm']}")
-
-
-def size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
 
 
 def _some(names: list[str]) -> str:
@@ -549,9 +537,6 @@ def check_guard(d: Deployment, node: NodeSpec, f: dict) -> Finding:
 
 
 def render(findings: list[Finding]) -> str:
-    rows = [(f.node, f.check, "FAIL" if f.status == "fail" else f.status,
-             f.reason + (f". Fix: {f.fix}" if f.fix and f.status != "ok" else "")) for f in findings]
-    widths = [max(len(r[i]) for r in [("node", "check", "result", ""), *rows]) for i in range(3)]
-    lines = [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {text}".rstrip()
-             for a, b, c, text in [("node", "check", "result", ""), *rows]]
-    return "\n".join(lines)
+    return table([("node", "check", "result", ""), *((f.node, f.check, "FAIL" if f.status == "fail" else f.status,
+                                                     f.reason + (f". Fix: {f.fix}" if f.fix and f.status != "ok" else ""))
+                                                    for f in findings)])
