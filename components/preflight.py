@@ -270,10 +270,9 @@ def check_image(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[str,
             if ref and ref[0] != node.name else f"docker pull {name}")
     if not img["present"]:
         return Finding(node.name, "image", "fail", f"{name} is not on {node.name}", f"put it there: {copy}")
-    ref_id = ref[1]["image"]["id"]
-    if img["id"] != ref_id:
+    if ref is not None and img["id"] != ref[1]["image"]["id"]:
         return Finding(node.name, "image", "fail",
-                       f"{node.name} has {name} as {_short(img['id'])}, {ref[0]} as {_short(ref_id)}",
+                       f"{node.name} has {name} as {_short(img['id'])}, {ref[0]} as {_short(ref[1]['image']['id'])}",
                        f"put the same build on every node: {copy}")
     return Finding(node.name, "image", "ok", f"{name} is {_short(img['id'])}" +
                    (", the same on every node" if len(d.cluster.nodes) > 1 else ""))
@@ -371,8 +370,8 @@ def check_weights(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[st
 
     def differs(reason: str, fix: Optional[str]) -> Finding:
         """A difference the sync can repair is a warning when it is on, and a failure otherwise."""
-        if not syncs:
-            return Finding(node.name, "weights", "fail", reason, fix)
+        if not syncs or ref is None:
+            return Finding(node.name, "weights", "fail", reason, fix or "")
         lacking = [name for name, facts in ((head, ref[1]), (node.name, f)) if facts.get("rsync") is False]
         if lacking:
             return Finding(node.name, "weights", "fail",
@@ -537,6 +536,6 @@ def check_guard(d: Deployment, node: NodeSpec, f: dict) -> Finding:
 
 
 def render(findings: list[Finding]) -> str:
-    return table([("node", "check", "result", ""), *((f.node, f.check, "FAIL" if f.status == "fail" else f.status,
-                                                     f.reason + (f". Fix: {f.fix}" if f.fix and f.status != "ok" else ""))
-                                                    for f in findings)])
+    rows = [(f.node, f.check, "FAIL" if f.status == "fail" else f.status,
+             f.reason + (f". Fix: {f.fix}" if f.fix and f.status != "ok" else "")) for f in findings]
+    return table([("node", "check", "result", ""), *rows])

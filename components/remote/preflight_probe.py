@@ -199,7 +199,7 @@ def ports(spec):
     if rc != 0:
         raise Unavailable(f"`ss -tlnp` failed: {error_line(err)}")
     wanted = {int(p) for p in spec["ports"]}
-    held = {}
+    held: dict[int, dict[int, str]] = {}
     for line in out.splitlines():
         fields = line.split()
         if len(fields) < 4 or ":" not in fields[3]:
@@ -210,7 +210,7 @@ def ports(spec):
             for comm, pid in re.findall(r'\("([^"]*)",pid=(\d+)', line):
                 holders[int(pid)] = comm
     containers = _containers(spec) if held else {}
-    facts = {}
+    facts: dict[str, dict] = {}
     for port in sorted(wanted):
         if port not in held:
             facts[str(port)] = {"free": True}
@@ -260,7 +260,7 @@ def guard(spec):
     return {"hooked": out.split()}
 
 
-TIMINGS = {}  # seconds per fact, reported so slow nodes show which step was slow
+TIMINGS: dict[str, float] = {}  # seconds per fact, reported so slow nodes show which step was slow
 
 
 def gather(name, fn, *args):

@@ -30,8 +30,8 @@ def status(stack: LabStack) -> subprocess.CompletedProcess:
 def test_status_reports_every_layer_healthy(stack):
     done = status(stack)
     assert done.returncode == 0, done.stdout + done.stderr
-    for layer in ("ssh node1", "ssh node2 via node1", "fabric guard node1", "fabric guard node2", f"container {HEAD}", "ray nodes by fabric IP",
-                  "vllm serve process", "/health", "/v1/models", "one chat completion"):
+    for layer in ("ssh node1", "ssh node2 via node1", "fabric guard node1", "fabric guard node2", f"container {HEAD}",
+                  "ray nodes by fabric IP", "vllm serve process", "/health", "/v1/models", "one chat completion"):
         assert re.search(rf"{re.escape(layer)}\s+ok ", done.stdout), done.stdout
 
 

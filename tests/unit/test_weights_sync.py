@@ -122,7 +122,8 @@ if [ -n "$key" ]; then cp "$key" "$out/key"; stat -c %a "$key" > "$out/key.mode"
 case $FAKE_MODE in
   copy)
     echo "SPARK_VLLM_FILE 4194560 model-00003-of-00004.safetensors"
-    printf '      1,048,576  6%%   90.00MB/s    0:00:00\r      4,194,560  24%%   95.12MB/s    0:00:00 (xfr#1, to-chk=0/8)\n'
+    printf '      1,048,576  6%%   90.00MB/s    0:00:00\r'
+    printf '      4,194,560  24%%   95.12MB/s    0:00:00 (xfr#1, to-chk=0/8)\n'
     ;;
   slow) sleep 30 ;;
   fail) echo "rsync: [sender] change_dir \"/models/big\" failed: No such file or directory (2)"; exit 23 ;;
