@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from conftest import node_sh
-from stack import ROOT, LabStack, chat, planned
+from labstack import ROOT, LabStack, chat, planned
 
 HEAD = "spark-vllm-sts-ray-head"
 

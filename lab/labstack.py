@@ -1,4 +1,7 @@
-"""Drives the real Pulumi CLI on a copy of this project, against the lab, and reads what the engine did."""
+"""Drives the real Pulumi CLI on a copy of this project, against the lab, and reads what the engine did.
+
+Shared by the end-to-end tests (tests/e2e) and the benchmark (bench/run), which put lab/ on their import path.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PROJECT_FILES = ("Pulumi.yaml", "__main__.py", "requirements.txt", "components", "catalog")
 
 
