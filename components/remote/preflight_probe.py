@@ -1,7 +1,7 @@
 """Collects one node's facts for spark-vllm's preflight and prints them as one JSON object.
 
 Runs on the node itself, as `python3 - SPEC` over SSH with this file on stdin, and needs only the standard
-library. It judges nothing: components/preflight.py compares the facts of every node. A fact that cannot be
+library. It judges nothing: components/preflight/judging.py compares the facts of every node. A fact that cannot be
 gathered (a tool is missing, permission is denied) is reported as {"unavailable": why}, never guessed.
 """
 

@@ -16,9 +16,12 @@ import subprocess
 import pulumi
 import pytest
 
-from components import config, node_runner, preflight
+from components import config, node_runner, preflight, weight_manifests
+from components.fabric_guard import GuardState, guard_state
+from components.preflight import probing as preflight_probe
+from components.preflight.table import render
 from components.fabric_guard import chain_name
-from components.preflight import Finding, evaluate
+from components.preflight.judging import CHECKS, Finding, evaluate
 from components.schema import ConfigError
 from components.node_runner import provider_ssh_opts
 from fixtures import cluster_with, stack_config, write_catalog
@@ -78,7 +81,7 @@ def test_a_healthy_cluster_passes_every_check_on_every_node(tmp_path):
     d = deployment(tmp_path)
     table = judged(d, healthy())
     assert all(f.status == "ok" for f in table.values()), [f for f in table.values() if f.status != "ok"]
-    assert set(table) == {(n, c) for n in FABRIC for c in preflight.CHECKS if c != "ports"} | {("spark1", "ports")}
+    assert set(table) == {(n, c) for n in FABRIC for c in CHECKS if c != "ports"} | {("spark1", "ports")}
     assert table[("spark2", "ssh+docker")].reason == \
         "ssh nvidia@192.168.200.2 via spark1; Docker 28.0.1, storage driver overlay2; probe took 1.2 s"
     assert table[("spark1", "gpus")].reason == "1 GPU (NVIDIA GB10) from nvidia-smi -L"
@@ -133,7 +136,7 @@ def test_the_clusters_gpu_stand_in_is_read_from_the_catalog(tmp_path):
     clusters = cluster_with(lambda c: c.update(preflight={"gpuProbe": "echo 'GPU 0: stand-in'"}))
     d = config.load("test", stack_config(write_catalog(tmp_path / "catalog", clusters)), set(), ROOT)
     assert d.cluster.gpu_probe == "echo 'GPU 0: stand-in'"
-    assert preflight.probe_spec(d, d.cluster.head)["gpuProbe"] == "echo 'GPU 0: stand-in'"
+    assert preflight_probe.probe_spec(d, d.cluster.head)["gpuProbe"] == "echo 'GPU 0: stand-in'"
     bad = cluster_with(lambda c: c.update(preflight={"gpuProbe": ""}))
     with pytest.raises(ConfigError, match=r"c3.preflight.gpuProbe is ''; expected a shell command"):
         config.load("test", stack_config(write_catalog(tmp_path / "bad", bad)), set(), ROOT)
@@ -477,7 +480,7 @@ def test_hashed_weights_name_a_shard_whose_contents_differ(tmp_path):
 
 
 def needed(d, facts) -> dict[str, bool]:
-    return preflight.sync_needed(d.cluster, d.preflight.hash_weights, facts)
+    return weight_manifests.sync_needed(d.cluster, d.preflight.hash_weights, facts)
 
 
 SYNC = "will sync from spark1 over the fabric (spark-vllm:preflight.syncWeights)"
@@ -671,9 +674,10 @@ def test_the_guard_in_place_passes_and_a_missing_or_stale_one_is_replaced_by_up(
         "ok", "the rules that close Ray's ports to all but enp1s0f1np1 are not in place; `up` applies them", "")
     assert one(d, facts, "spark3", "guard") == (
         "ok", "chain svl-test-0000aaaa guards other ports; `up` puts svl-test-800217c9 in first, then removes it", "")
-    assert [preflight.guard_state(d, facts, d.cluster.node(n)) for n in ("spark1", "spark2", "spark3")] == [
-        "in place", "missing", "stale"]
-    assert preflight.guard_state(d, {}, d.cluster.head) is None  # preflight off
+    assert [preflight.guard_found(d, facts, d.cluster.node(n)) for n in ("spark1", "spark2", "spark3")] == [
+        GuardState.IN_PLACE, GuardState.MISSING, GuardState.STALE]
+    assert preflight.guard_found(d, {}, d.cluster.head) is None  # preflight off
+    assert guard_state("test", d.cluster, None) is None
 
 
 def test_a_guard_that_cannot_be_checked_fails_since_up_could_not_apply_it(tmp_path):
@@ -692,7 +696,7 @@ def test_without_the_guard_there_is_no_guard_row_and_no_probe_for_it(tmp_path):
     for f in facts.values():
         del f["guard"]
     assert not any(check == "guard" for _, check in judged(d, facts))
-    assert preflight.probe_spec(d, d.cluster.head)["guard"] is None
+    assert preflight_probe.probe_spec(d, d.cluster.head)["guard"] is None
 
 
 # ---- the table, and the program ----
@@ -700,7 +704,7 @@ def test_without_the_guard_there_is_no_guard_row_and_no_probe_for_it(tmp_path):
 def test_the_table_lists_every_finding_with_its_fix(tmp_path):
     d, facts = deployment(tmp_path), healthy()
     facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
-    lines = preflight.render(evaluate(d, facts)).splitlines()
+    lines = render(evaluate(d, facts)).splitlines()
     assert lines[0].split() == ["node", "check", "result"]
     assert "spark2  weights       FAIL    spark2 lacks model-00003-of-00003.safetensors. Fix: " + RSYNC in lines
     assert "spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free" in lines
@@ -750,10 +754,10 @@ def test_the_probe_is_sent_with_the_docker_providers_ssh_options(tmp_path, monke
     calls = []
 
     class Done:
-        returncode, stdout, stderr = 0, preflight.MARK + json.dumps({"docker": {}}) + "\n", ""
+        returncode, stdout, stderr = 0, preflight_probe.MARK + json.dumps({"docker": {}}) + "\n", ""
 
     monkeypatch.setattr(node_runner.subprocess, "run", lambda argv, **kw: calls.append((argv, kw)) or Done())
-    assert preflight.probe(d, d.cluster.node("spark2"))["docker"] == {}
+    assert preflight_probe.probe(d, d.cluster.node("spark2"))["docker"] == {}
     argv, kw = calls[0]
     opts = provider_ssh_opts(d.cluster.ssh, d.cluster.node("spark1"))
     assert argv[:len(opts) + 3] == ["ssh", *opts, "-p", "22"]
@@ -848,7 +852,7 @@ def test_the_probe_reads_inside_an_image_once_per_image_id(tmp_path, monkeypatch
     (bin_dir / "docker").write_text(f"""#!/bin/sh
 case "$1" in
   image) echo sha256:$(cat {tmp_path}/id) ;;
-  run) echo run >> {runs}; echo '{preflight.MARK}{{"ray": "2.60.0", "vllm": "0.11.0", "archs": ["A"]}}' ;;
+  run) echo run >> {runs}; echo '{preflight_probe.MARK}{{"ray": "2.60.0", "vllm": "0.11.0", "archs": ["A"]}}' ;;
 esac
 """)
     (bin_dir / "docker").chmod(0o755)

@@ -1,35 +1,18 @@
-"""Preflight: what can be checked on the nodes, checked before any resource is registered.
-
-`run()` probes every node at once over SSH (the same `ssh` options the Docker provider uses, jump host
-included), with components/remote/preflight_probe.py, which only gathers facts. `evaluate()` judges them,
-all nodes together, into one table: node x check -> ok, warn or fail, with a one-line reason and the fix.
-Warnings are printed and the program goes on; any failure stops it with the whole table, before anything
-is created, replaced or deleted. It registers no resource, so a no-op preview still has no changes.
-`run()` returns every node's facts: with `preflight.syncWeights`, components/weights_sync.py decides from the
-weights manifests in them whether a worker's weights need copying, and a difference there is a warning
-("will sync from <head>") instead of a failure.
-"""
+"""Preflight's judgement: every node's facts -> findings, one a node and check (pure, so every message is
+unit-tested)."""
 
 from __future__ import annotations
 
-import json
-import shlex
-import subprocess
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Optional
 
-import pulumi
+from ..config import Deployment, NodeSpec
+from ..fabric_guard import GuardState, chain_name, guard_state
+from ..ray_node import container_name
+from ..text import size
+from ..weight_manifests import WEIGHT_SUFFIXES, weight_differences
 
-from . import node_runner
-from .config import ClusterSpec, Deployment, NodeSpec
-from .fabric_guard import chain_name, chain_prefix
-from .ray_node import container_name
-from .remote import script
-from .text import last_line, size, table
-
-MARK = "SPARK_VLLM_PREFLIGHT "
 GIB = 1 << 30
 # On a GB10 about 101-102 GiB of 121.69 GiB is free at boot, and vLLM refuses to start when the requested share
 # is not free: 0.87 fails there, 0.85 (the reference stack) works.
@@ -37,93 +20,28 @@ UNIFIED_UTILIZATION_LIMIT = 0.86
 # CUDA graph capture needs headroom beyond the KV cache; the seed's load was killed at 95 % without eager mode.
 EAGER_OFF_UTILIZATION_LIMIT = 0.80
 OVERHEAD_BYTES_PER_GPU = 4 * GIB  # CUDA context, activations and NCCL buffers: a rough estimate
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-STEP_TIMEOUT_S = 15  # each command of the probe; the image check starts Python in the image, so it gets more
-IMAGE_TIMEOUT_S = 40
 CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "weights", "memory", "ports", "guard")
+
+
+class Status(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
 
 
 @dataclass(frozen=True)
 class Finding:
     node: str
     check: str
-    status: str  # "ok", "warn" or "fail"
+    status: Status
     reason: str
     fix: str = ""
-
-
-def run(d: Deployment) -> dict[str, dict]:
-    """Probes, judges and reports; raises pulumi.RunError (no traceback) with the table if any check failed.
-
-    Returns each node's facts by node name ({} when preflight is off), for the resources whose diff depends on
-    them.
-    """
-    if not d.preflight.enabled:
-        pulumi.log.info("preflight is off (spark-vllm:preflight.enabled is false): the nodes were not checked")
-        return {}
-    start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=len(d.cluster.nodes)) as pool:
-        facts = dict(zip([n.name for n in d.cluster.nodes], pool.map(lambda n: probe(d, n), d.cluster.nodes)))
-    findings = evaluate(d, facts)
-    table = render(findings)
-    failed = [f for f in findings if f.status == "fail"]
-    warned = [f for f in findings if f.status == "warn"]
-    summary = (f"preflight of {len(facts)} nodes took {time.monotonic() - start:.1f} s: "
-               f"{len(failed)} failed, {len(warned)} warnings")
-    if failed:
-        raise pulumi.RunError(f"{summary}; nothing was deployed or changed.\n{table}")
-    (pulumi.log.warn if warned else pulumi.log.info)(f"{summary}\n{table}")
-    return facts
-
-
-def guard_state(d: Deployment, facts: dict[str, dict], node: NodeSpec) -> Optional[str]:
-    """The fabric guard on `node` as preflight found it: "in place" (the current chain is hooked), "stale"
-    (only chains of other rules are), "missing" (no chain of this stack is); None when it was not checked."""
-    hooked = facts.get(node.name, {}).get("guard", {}).get("hooked")
-    if hooked is None:
-        return None
-    if chain_name(d.stack, d.cluster) in hooked:
-        return "in place"
-    return "stale" if hooked else "missing"
-
-
-def probe_spec(d: Deployment, node: NodeSpec) -> dict:
-    cluster = d.cluster
-    return {"iface": cluster.fabric_interface, "fabricIp": node.fabric_ip,
-            "peers": {n.name: n.fabric_ip for n in cluster.nodes if n.name != node.name},
-            "image": d.serve.image, "modelPath": d.serve.model_path,
-            "ports": [cluster.ray_port, cluster.dashboard_port, cluster.api_port] if node.head else [],
-            "guard": {"script": script("fabric_guard.sh"), "prefix": chain_prefix(d.stack)}
-            if cluster.fabric_guard else None,
-            "gpuProbe": cluster.gpu_probe, "dockerGpus": cluster.docker_gpus, "hashWeights": d.preflight.hash_weights,
-            "syncWeights": d.preflight.sync_weights, "stepTimeout": STEP_TIMEOUT_S, "imageTimeout": IMAGE_TIMEOUT_S}
 
 
 def ssh_target(d: Deployment, node: NodeSpec) -> str:
     port = "" if node.ssh_port == 22 else f" -p {node.ssh_port}"
     return f"ssh {node.ssh_user}@{node.ssh_host}{port}" + (f" via {node.via}" if node.via else "")
 
-
-def probe(d: Deployment, node: NodeSpec) -> dict:
-    """One node's facts; {"sshError": why} when SSH fails, {"probeError": why} when the probe cannot run."""
-    start = time.monotonic()
-    try:
-        done = node_runner.run(d.cluster, node, "python3 - " + shlex.quote(json.dumps(probe_spec(d, node))),
-                               stdin=script("preflight_probe.py"), timeout=d.preflight.timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"sshError": f"gave no answer within {d.preflight.timeout_s} s (spark-vllm:preflight.timeoutSeconds)"}
-    seconds = round(time.monotonic() - start, 1)
-    found = [line[len(MARK):] for line in done.stdout.splitlines() if line.startswith(MARK)]
-    if found:
-        return {**json.loads(found[-1]), "seconds": seconds}
-    if done.returncode == 255:
-        return {"sshError": f"failed: {last_line(done.stderr)}"}
-    if done.returncode == 127:
-        return {"probeError": "python3 is not installed on the node", "seconds": seconds}
-    return {"probeError": f"the probe failed: {last_line(done.stderr)}", "seconds": seconds}
-
-
-# ---- evaluation: facts -> findings (pure, so every message is unit-tested) ----
 
 def evaluate(d: Deployment, facts: dict[str, dict]) -> list[Finding]:
     findings = [check_ssh(d, node, facts[node.name]) for node in d.cluster.nodes]
@@ -154,31 +72,32 @@ def _reference(d: Deployment, reachable: dict, has) -> Optional[tuple[str, dict]
 
 
 def _could_not(node: str, check: str, why: str, fix: str = "") -> Finding:
-    return Finding(node, check, "warn", f"could not check: {why}", fix)
+    return Finding(node, check, Status.WARN, f"could not check: {why}", fix)
 
 
 def check_ssh(d: Deployment, node: NodeSpec, f: dict) -> Finding:
     check, target = "ssh+docker", ssh_target(d, node)
     if "sshError" in f:
         hop = f" and that {node.via} can reach {node.ssh_host}" if node.via else ""
-        return Finding(node.name, check, "fail", f"{target} {f['sshError']}; the other checks did not run there",
+        return Finding(node.name, check, Status.FAIL, f"{target} {f['sshError']}; the other checks did not run there",
                        f"check the host, user and key in the cluster catalog{hop}")
     if "probeError" in f:
         return _could_not(node.name, check, f"{f['probeError']}, so no check ran there",
                           "install python3 on the node, or set spark-vllm:preflight.enabled to false")
     docker = f.get("docker", {})
     if "unavailable" in docker:
-        return Finding(node.name, check, "fail", f"docker: {docker['unavailable']}",
+        return Finding(node.name, check, Status.FAIL, f"docker: {docker['unavailable']}",
                        "install Docker with the NVIDIA container runtime")
     if "error" in docker:
         denied = "permission denied" in docker["error"].lower()
-        return Finding(node.name, check, "fail", f"Docker does not answer: {docker['error']}",
+        return Finding(node.name, check, Status.FAIL, f"Docker does not answer: {docker['error']}",
                        f"add {node.ssh_user} to the docker group (`sudo usermod -aG docker {node.ssh_user}`)" if denied
                        else "start the Docker daemon (`sudo systemctl start docker`)")
     slowest = max(f.get("timings", {}).items(), key=lambda item: item[1], default=None)
-    return Finding(node.name, check, "ok", f"{target}; Docker {docker['server']}, storage driver {docker['driver']}; "
-                                         f"probe took {f['seconds']:.1f} s" +
-                   (f", the {slowest[0]} facts {slowest[1]:.1f} s of it" if slowest else ""))
+    return Finding(node.name, check, Status.OK,
+                   f"{target}; Docker {docker['server']}, storage driver {docker['driver']}; "
+                   f"probe took {f['seconds']:.1f} s" + (f", the {slowest[0]} facts {slowest[1]:.1f} s of it"
+                                                         if slowest else ""))
 
 
 GPU_SOURCES = {"nvidia-smi": "nvidia-smi -L",
@@ -192,14 +111,14 @@ def check_gpus(d: Deployment, node: NodeSpec, f: dict) -> Finding:
         return _could_not(node.name, "gpus", g["unavailable"], "install the NVIDIA driver's nvidia-smi on the node")
     source = GPU_SOURCES[g["source"]]
     if "error" in g:
-        return Finding(node.name, "gpus", "fail", f"{source} failed: {g['error']}",
+        return Finding(node.name, "gpus", Status.FAIL, f"{source} failed: {g['error']}",
                        "check the NVIDIA driver: run nvidia-smi on the node")
     names = g["names"]
     found = f"{len(names)} GPU{'s' if len(names) != 1 else ''}" + (f" ({', '.join(names)})" if names else "")
     if len(names) < want:
-        return Finding(node.name, "gpus", "fail", f"{found} from {source}; ray.gpusPerNode is {want}",
+        return Finding(node.name, "gpus", Status.FAIL, f"{found} from {source}; ray.gpusPerNode is {want}",
                        "check the NVIDIA driver (nvidia-smi), or lower ray.gpusPerNode")
-    return Finding(node.name, "gpus", "ok", f"{found} from {source}")
+    return Finding(node.name, "gpus", Status.OK, f"{found} from {source}")
 
 
 def _unified(f: dict) -> bool:
@@ -212,11 +131,11 @@ def check_fabric(d: Deployment, node: NodeSpec, f: dict, reachable: dict) -> Fin
     if "unavailable" in fab:
         return _could_not(node.name, "fabric", fab["unavailable"], "install iproute2 on the node")
     if not fab["exists"]:
-        return Finding(node.name, "fabric", "fail",
+        return Finding(node.name, "fabric", Status.FAIL,
                        f"{iface} does not exist (interfaces: {', '.join(sorted(fab['addrs']))})",
                        "set fabricInterface in the cluster catalog to the fabric port (`ibdev2netdev` shows it)")
     if not fab["up"]:
-        return Finding(node.name, "fabric", "fail", f"{iface} is {fab['state'].lower()}",
+        return Finding(node.name, "fabric", Status.FAIL, f"{iface} is {fab['state'].lower()}",
                        f"bring it up (`sudo ip link set {iface} up`) and check the cable")
     held = fab["addrs"].get(iface, [])
     if ip not in [a.split("/")[0] for a in held]:
@@ -224,7 +143,7 @@ def check_fabric(d: Deployment, node: NodeSpec, f: dict, reachable: dict) -> Fin
         where = f"; {ip} is on {elsewhere[0]}, not the fabric" if elsewhere else ""
         fix = (f"set {node.name}'s fabricIp to {held[0].split('/')[0]} in the cluster catalog, or add {ip} to {iface}"
                if held else f"add {ip} to {iface} (`sudo ip addr add {ip}/24 dev {iface}`)")
-        return Finding(node.name, "fabric", "fail",
+        return Finding(node.name, "fabric", Status.FAIL,
                        f"{iface} holds {', '.join(held) or 'no IPv4 address'}, not fabricIp {ip}{where}", fix)
     problems = []
     for peer in d.cluster.nodes:
@@ -243,7 +162,7 @@ def check_fabric(d: Deployment, node: NodeSpec, f: dict, reachable: dict) -> Fin
             problems.append((f"traffic to {peer.name} ({peer.fabric_ip}) leaves {iface} from {route['src']}, "
                              f"not fabricIp {ip}", f"make {ip} the primary address of {iface}"))
     if problems:
-        return Finding(node.name, "fabric", "fail", "; ".join(p for p, _ in problems),
+        return Finding(node.name, "fabric", Status.FAIL, "; ".join(p for p, _ in problems),
                        "; ".join(dict.fromkeys(fix for _, fix in problems)))
     mine = next(a for a in held if a.split("/")[0] == ip)
     peers = [p.name for p in d.cluster.nodes if p.name in fab["routes"]]
@@ -251,9 +170,9 @@ def check_fabric(d: Deployment, node: NodeSpec, f: dict, reachable: dict) -> Fin
                                                         if peers else "")
     head = reachable.get(d.cluster.head.name, {}).get("fabric", {})
     if not node.head and head.get("exists") and head.get("mtu") != fab["mtu"]:
-        return Finding(node.name, "fabric", "warn", f"{reason}; but {d.cluster.head.name}'s MTU is {head['mtu']}",
+        return Finding(node.name, "fabric", Status.WARN, f"{reason}; but {d.cluster.head.name}'s MTU is {head['mtu']}",
                        f"set the same MTU (9000 on Sparks) on {iface} of every node")
-    return Finding(node.name, "fabric", "ok", reason)
+    return Finding(node.name, "fabric", Status.OK, reason)
 
 
 def _short(image_id: str) -> str:
@@ -269,12 +188,12 @@ def check_image(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[str,
     copy = (f"on {ref[0]}: docker save {name} | ssh {node.ssh_user}@{node.fabric_ip} docker load"
             if ref and ref[0] != node.name else f"docker pull {name}")
     if not img["present"]:
-        return Finding(node.name, "image", "fail", f"{name} is not on {node.name}", f"put it there: {copy}")
+        return Finding(node.name, "image", Status.FAIL, f"{name} is not on {node.name}", f"put it there: {copy}")
     if ref is not None and img["id"] != ref[1]["image"]["id"]:
-        return Finding(node.name, "image", "fail",
+        return Finding(node.name, "image", Status.FAIL,
                        f"{node.name} has {name} as {_short(img['id'])}, {ref[0]} as {_short(ref[1]['image']['id'])}",
                        f"put the same build on every node: {copy}")
-    return Finding(node.name, "image", "ok", f"{name} is {_short(img['id'])}" +
+    return Finding(node.name, "image", Status.OK, f"{name} is {_short(img['id'])}" +
                    (", the same on every node" if len(d.cluster.nodes) > 1 else ""))
 
 
@@ -285,7 +204,8 @@ def check_runtime(d: Deployment, node: NodeSpec, f: dict) -> Finding:
         return _could_not(node.name, "ray+vllm", "the image is not on the node" if img.get("present") is False
                           else "Docker does not answer" if not img else img["unavailable"])
     if "error" in inside:
-        return Finding(node.name, "ray+vllm", "fail", f"python3 does not run in {d.serve.image}: {inside['error']}",
+        return Finding(node.name, "ray+vllm", Status.FAIL,
+                       f"python3 does not run in {d.serve.image}: {inside['error']}",
                        "use an image with python3, Ray and vLLM")
     problems = []
     if "rayError" in inside:
@@ -294,9 +214,9 @@ def check_runtime(d: Deployment, node: NodeSpec, f: dict) -> Finding:
     if "vllmError" in inside:
         problems.append((f"the image has no working vLLM ({inside['vllmError']})", "use a vLLM image"))
     if problems:
-        return Finding(node.name, "ray+vllm", "fail", "; ".join(p for p, _ in problems),
+        return Finding(node.name, "ray+vllm", Status.FAIL, "; ".join(p for p, _ in problems),
                        "; ".join(fix for _, fix in problems))
-    return Finding(node.name, "ray+vllm", "ok", f"ray {inside['ray']}, vllm {inside['vllm']}")
+    return Finding(node.name, "ray+vllm", Status.OK, f"ray {inside['ray']}, vllm {inside['vllm']}")
 
 
 def check_architecture(d: Deployment, node: NodeSpec, f: dict) -> Finding:
@@ -307,54 +227,25 @@ def check_architecture(d: Deployment, node: NodeSpec, f: dict) -> Finding:
     if not model.get("exists"):
         return _could_not(node.name, "architecture", f"{d.serve.model_path} is not on the node")
     if "config" not in model:
-        return Finding(node.name, "architecture", "fail", f"{config_file} is missing",
+        return Finding(node.name, "architecture", Status.FAIL, f"{config_file} is missing",
                        "copy the complete checkpoint, config.json included")
     archs = model["config"].get("architectures") or []
     if not archs:
-        return Finding(node.name, "architecture", "fail", f"{config_file} names no architectures",
+        return Finding(node.name, "architecture", Status.FAIL, f"{config_file} names no architectures",
                        "use a Hugging Face checkpoint whose config.json lists its architectures")
     if "archs" not in inside:
         return _could_not(node.name, "architecture", "the image's vLLM registry could not be read")
     if not set(archs) & set(inside["archs"]):
-        return Finding(node.name, "architecture", "fail",
+        return Finding(node.name, "architecture", Status.FAIL,
                        f"{', '.join(archs)} (from config.json) is not in the registry of the image's "
                        f"vLLM {inside['vllm']}",
                        f"use an image whose vLLM supports {archs[0]}, or another model")
-    return Finding(node.name, "architecture", "ok", f"{', '.join(archs)} is supported by vLLM {inside['vllm']}")
+    return Finding(node.name, "architecture", Status.OK, f"{', '.join(archs)} is supported by vLLM {inside['vllm']}")
 
 
 def _some(names: list[str]) -> str:
     shown = ", ".join(names[:3])
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-
-def weight_differences(model: dict, ref_model: dict, hash_weights: bool) -> tuple[list, list, list]:
-    """What a node's weights lack against the reference's: (missing, sizes that differ, SHA-256 that differs)."""
-    files, theirs = dict(model.get("files", [])), dict(ref_model["files"])
-    missing = sorted(set(theirs) - set(files))
-    differ = sorted(name for name in set(theirs) & set(files) if theirs[name] != files[name])
-    changed = []
-    if hash_weights:
-        mine, other = model.get("sha256", {}), ref_model.get("sha256", {})
-        changed = sorted(name for name in set(mine) & set(other) if mine[name] != other[name] and name not in differ)
-    return missing, differ, changed
-
-
-def sync_needed(cluster: ClusterSpec, hash_weights: bool, facts: dict[str, dict]) -> dict[str, bool]:
-    """Worker -> whether its weights are known to differ from the head's (what preflight.syncWeights copies).
-
-    A worker whose weights could not be read is not synced: its row already says `could not check`."""
-    head = facts.get(cluster.head.name, {}).get("model", {})
-    needed = {}
-    for node in cluster.workers:
-        model = facts.get(node.name, {}).get("model", {})
-        if not head.get("exists") or "unavailable" in model or "exists" not in model:
-            needed[node.name] = False
-        elif not model["exists"]:
-            needed[node.name] = not model.get("isFile")
-        else:
-            needed[node.name] = any(weight_differences(model, head, hash_weights))
-    return needed
 
 
 def check_weights(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[str, dict]]) -> Finding:
@@ -371,19 +262,19 @@ def check_weights(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[st
     def differs(reason: str, fix: Optional[str]) -> Finding:
         """A difference the sync can repair is a warning when it is on, and a failure otherwise."""
         if not syncs or ref is None:
-            return Finding(node.name, "weights", "fail", reason, fix or "")
+            return Finding(node.name, "weights", Status.FAIL, reason, fix or "")
         lacking = [name for name, facts in ((head, ref[1]), (node.name, f)) if facts.get("rsync") is False]
         if lacking:
-            return Finding(node.name, "weights", "fail",
+            return Finding(node.name, "weights", Status.FAIL,
                            f"{reason}; spark-vllm:preflight.syncWeights cannot copy them: rsync is not installed on "
                            f"{' and '.join(lacking)}",
                            f"install rsync on {' and '.join(lacking)} (`sudo apt-get install rsync`)")
-        return Finding(node.name, "weights", "warn",
+        return Finding(node.name, "weights", Status.WARN,
                        f"{reason}; will sync from {head} over the fabric (spark-vllm:preflight.syncWeights)")
 
     if not model["exists"]:
         if model.get("isFile"):
-            return Finding(node.name, "weights", "fail", f"{path} is a file, not a folder on {node.name}",
+            return Finding(node.name, "weights", Status.FAIL, f"{path} is a file, not a folder on {node.name}",
                            copy_from or f"put the model's weights at {path} on every node")
         return differs(f"{path} is not there on {node.name}",
                        copy_from or f"put the model's weights at {path} on every node")
@@ -394,7 +285,7 @@ def check_weights(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[st
                        copy_from or "copy the complete checkpoint")
     summary = f"{len(weights)} weight file{'s' if len(weights) != 1 else ''}, {size(sum(weights.values()))}"
     if ref is None or ref[0] == node.name:
-        return Finding(node.name, "weights", "ok", summary + _hash_note(d, model, None))
+        return Finding(node.name, "weights", Status.OK, summary + _hash_note(d, model, None))
     theirs = dict(ref[1]["model"]["files"])
     missing, differ, changed = weight_differences(model, ref[1]["model"], d.preflight.hash_weights)
     extra = sorted(set(files) - set(theirs))
@@ -411,10 +302,10 @@ def check_weights(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[st
     if problems:
         return differs("; ".join(problems), copy_from)
     if extra:
-        return Finding(node.name, "weights", "warn", f"{summary}: every file of {ref[0]}, the same size, and also "
+        return Finding(node.name, "weights", Status.WARN, f"{summary}: every file of {ref[0]}, the same size, and also "
                                                      f"{_some(extra)}" + _hash_note(d, model, ref[0]),
                        f"remove what {ref[0]} does not have, so every node loads the same files")
-    return Finding(node.name, "weights", "ok",
+    return Finding(node.name, "weights", Status.OK,
                    f"{summary}, the same names and sizes as {ref[0]}" + _hash_note(d, model, ref[0]))
 
 
@@ -456,7 +347,7 @@ def check_memory(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[str
     reason = (f"needs about {size(need)} (weights {size(weights)}, {kv_part}, overhead {size(overhead)}) "
               f"of {size(budget)} ({util:g} x {size(total)})")
     if need > budget:
-        return Finding(node.name, "memory", "fail", f"{reason}: it does not fit",
+        return Finding(node.name, "memory", Status.FAIL, f"{reason}: it does not fit",
                        "spread the model over more nodes, or lower maxModelLen, or raise gpuMemoryUtilization "
                        f"(at most {UNIFIED_UTILIZATION_LIMIT} on a GB10)")
     warnings = []
@@ -470,9 +361,9 @@ def check_memory(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[str
                          f"set spark-vllm:serve.enforceEager to true, or gpuMemoryUtilization to at most "
                          f"{EAGER_OFF_UTILIZATION_LIMIT:g}"))
     if warnings:
-        return Finding(node.name, "memory", "warn", "; ".join([reason, *(w for w, _ in warnings)]),
+        return Finding(node.name, "memory", Status.WARN, "; ".join([reason, *(w for w, _ in warnings)]),
                        "; ".join(fix for _, fix in warnings))
-    return Finding(node.name, "memory", "ok", reason)
+    return Finding(node.name, "memory", Status.OK, reason)
 
 
 def check_ports(d: Deployment, node: NodeSpec, f: dict) -> Finding:
@@ -483,14 +374,14 @@ def check_ports(d: Deployment, node: NodeSpec, f: dict) -> Finding:
     names = {cluster.ray_port: ("Ray GCS", "ray.port"), cluster.dashboard_port: ("dashboard", "ray.dashboardPort"),
              cluster.api_port: ("API", "api.port")}
     own_names = {container_name(d.stack, n) for n in cluster.nodes}
-    status, reasons, fixes = "ok", [], []
+    status, reasons, fixes = Status.OK, [], []
     for port, (what, key) in names.items():
         state, label = ports[str(port)], f"{port} ({what})"
         if state["free"]:
             reasons.append(f"{label} free")
             continue
         if state.get("hidden"):
-            status = "fail" if status == "fail" else "warn"
+            status = Status.FAIL if status == Status.FAIL else Status.WARN
             reasons.append(f"could not check: {label} is in use, and ss shows its owner only to root")
             fixes.append(f"see who holds it: `sudo ss -tlnp 'sport = :{port}'`")
             continue
@@ -502,7 +393,7 @@ def check_ports(d: Deployment, node: NodeSpec, f: dict) -> Finding:
             reasons.append(f"{label} held by this stack's {holders[0]['container']}")
             continue
         h = next(h for h in holders if not (h.get("stack") == d.stack or h.get("container") in own_names))
-        status = "fail"
+        status = Status.FAIL
         if h.get("stack"):
             reasons.append(f"{label} is held by {h['process']} (pid {h['pid']}) in {h['container']} of stack "
                            f"{h['stack']}")
@@ -520,22 +411,16 @@ def check_guard(d: Deployment, node: NodeSpec, f: dict) -> Finding:
     g = f.get("guard", {})
     if "unavailable" in g:
         # What stops the check (no iptables, no passwordless sudo) would stop `up` at the guard: fail here, first.
-        return Finding(node.name, "guard", "fail",
+        return Finding(node.name, "guard", Status.FAIL,
                        f"could not check: {g['unavailable']}; `up` could not apply the guard either",
                        f"let {node.ssh_user} run iptables with `sudo -n` (or install iptables), or set "
                        f"ray.fabricGuard: false")
-    state, chain = guard_state(d, {node.name: f}, node), chain_name(d.stack, d.cluster)
-    if state == "in place":
-        return Finding(node.name, "guard", "ok", f"Ray's ports are closed to all but {d.cluster.fabric_interface} "
+    state, chain = guard_state(d.stack, d.cluster, g["hooked"]), chain_name(d.stack, d.cluster)
+    if state is GuardState.IN_PLACE:
+        return Finding(node.name, "guard", Status.OK, f"Ray's ports are closed to all but {d.cluster.fabric_interface} "
                                                  f"and loopback (chain {chain})")
-    if state == "stale":
-        return Finding(node.name, "guard", "ok", f"chain {', '.join(g['hooked'])} guards other ports; `up` puts "
+    if state is GuardState.STALE:
+        return Finding(node.name, "guard", Status.OK, f"chain {', '.join(g['hooked'])} guards other ports; `up` puts "
                                                  f"{chain} in first, then removes it")
-    return Finding(node.name, "guard", "ok", f"the rules that close Ray's ports to all but "
+    return Finding(node.name, "guard", Status.OK, f"the rules that close Ray's ports to all but "
                                              f"{d.cluster.fabric_interface} are not in place; `up` applies them")
-
-
-def render(findings: list[Finding]) -> str:
-    rows = [(f.node, f.check, "FAIL" if f.status == "fail" else f.status,
-             f.reason + (f". Fix: {f.fix}" if f.fix and f.status != "ok" else "")) for f in findings]
-    return table([("node", "check", "result", ""), *rows])
