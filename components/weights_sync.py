@@ -26,6 +26,7 @@ import pulumi
 import pulumi_command as command
 
 from .config import ClusterSpec, PreflightSpec, ServeSpec
+from .node_facts import NodeFacts
 from .node_runner import rsync_argv
 from .weight_manifests import manifest, sync_needed
 from .remote import script
@@ -40,15 +41,15 @@ class SyncPlan:
     triggers: list[str]
 
 
-def plan(cluster: ClusterSpec, preflight: PreflightSpec, facts: Mapping[str, dict],
+def plan(cluster: ClusterSpec, preflight: PreflightSpec, facts: Mapping[str, NodeFacts],
          now: Optional[float] = None) -> dict[str, SyncPlan]:
     """Worker name -> its plan, from the facts preflight gathered."""
-    needed = sync_needed(cluster, preflight.hash_weights, dict(facts))
-    head = manifest(facts.get(cluster.head.name, {}).get("model", {}))
+    needed = sync_needed(cluster, preflight.hash_weights, facts)
+    head = manifest(facts[cluster.head.name].model if cluster.head.name in facts else None)
     found_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
     plans = {}
     for node in cluster.workers:
-        mine = manifest(facts.get(node.name, {}).get("model", {}))
+        mine = manifest(facts[node.name].model if node.name in facts else None)
         digest = hashlib.sha256(json.dumps([head, mine], sort_keys=True).encode()).hexdigest()[:16]
         triggers = [f"manifests {digest}"] + ([f"found different at {found_at}"] if needed[node.name] else [])
         plans[node.name] = SyncPlan(needed=needed[node.name], triggers=triggers)
@@ -73,7 +74,7 @@ class WeightsSyncArgs:
     cluster: ClusterSpec
     serve: ServeSpec
     preflight: PreflightSpec
-    facts: Mapping[str, dict]  # what preflight.run returned
+    facts: Mapping[str, NodeFacts]  # what preflight.run returned
     connection: command.remote.ConnectionArgs  # of the head node, where rsync runs
     private_key: Optional[pulumi.Input[str]] = None  # a secret: the cluster's key, for the hop to the workers
 

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Mapping, Optional
 
 import pulumi
 
 from ..config import Deployment, NodeSpec
 from ..fabric_guard import GuardState, guard_state
+from ..node_facts import NodeFacts
 from .judging import Status, evaluate
 from .probing import probe
 from .table import render
 
 
-def run(deployment: Deployment) -> dict[str, dict]:
+def run(deployment: Deployment) -> dict[str, NodeFacts]:
     """Probes, judges and reports; raises pulumi.RunError (no traceback) with the table if any check failed.
 
     Returns each node's facts by node name ({} when preflight is off), for the resources whose diff depends on
@@ -48,6 +49,8 @@ def run(deployment: Deployment) -> dict[str, dict]:
     return facts
 
 
-def guard_found(deployment: Deployment, facts: dict[str, dict], node: NodeSpec) -> Optional[GuardState]:
+def guard_found(deployment: Deployment, facts: Mapping[str, NodeFacts], node: NodeSpec) -> Optional[GuardState]:
     """The fabric guard on `node` as preflight found it; None when it was not checked."""
-    return guard_state(deployment.stack, deployment.cluster, facts.get(node.name, {}).get("guard", {}).get("hooked"))
+    guard = facts[node.name].guard if node.name in facts else None
+    hooked = guard.hooked if guard is not None and not guard.unavailable else None
+    return guard_state(deployment.stack, deployment.cluster, hooked)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 from ..config import Deployment, NodeSpec
+from ..node_facts import GpuSource, Model, NodeFacts
 from ..fabric_guard import GuardState, chain_name, guard_state
 from ..ray_node import container_name
 from ..text import size
@@ -38,34 +39,39 @@ class Finding:
     fix: str = ""
 
 
-def ssh_target(d: Deployment, node: NodeSpec) -> str:
+# A node and its facts: the one that others are compared with.
+Reference = Optional[tuple[str, NodeFacts]]
+
+
+def ssh_target(node: NodeSpec) -> str:
     port = "" if node.ssh_port == 22 else f" -p {node.ssh_port}"
     return f"ssh {node.ssh_user}@{node.ssh_host}{port}" + (f" via {node.via}" if node.via else "")
 
 
-def evaluate(d: Deployment, facts: dict[str, dict]) -> list[Finding]:
-    findings = [check_ssh(d, node, facts[node.name]) for node in d.cluster.nodes]
-    reachable = {name: f for name, f in facts.items() if "sshError" not in f and "probeError" not in f}
-    nodes = [n for n in d.cluster.nodes if n.name in reachable]
-    ref_image = _reference(d, reachable, lambda f: f.get("image", {}).get("present"))
-    ref_model = _reference(d, reachable, lambda f: f.get("model", {}).get("exists"))
-    for node in nodes:
-        f = reachable[node.name]
-        findings += [check_gpus(d, node, f), check_fabric(d, node, f, reachable), check_image(d, node, f, ref_image),
-                     check_runtime(d, node, f), check_architecture(d, node, f),
-                     check_weights(d, node, f, ref_model), check_memory(d, node, f, ref_model)]
+def evaluate(deployment: Deployment, by_node: dict[str, NodeFacts]) -> list[Finding]:
+    cluster = deployment.cluster
+    findings = [check_ssh(node, by_node[node.name]) for node in cluster.nodes]
+    reachable = {name: facts for name, facts in by_node.items() if facts.reachable}
+    ref_image = _reference(deployment, reachable, lambda facts: facts.image is not None and facts.image.present)
+    ref_model = _reference(deployment, reachable, lambda facts: facts.model is not None and facts.model.exists)
+    for node in (n for n in cluster.nodes if n.name in reachable):
+        facts = reachable[node.name]
+        findings += [check_gpus(deployment, node, facts), check_fabric(deployment, node, facts, reachable),
+                     check_image(deployment, node, facts, ref_image), check_runtime(deployment, node, facts),
+                     check_architecture(deployment, node, facts), check_weights(deployment, node, facts, ref_model),
+                     check_memory(deployment, node, facts, ref_model)]
         if node.head:
-            findings.append(check_ports(d, node, f))
-        if d.cluster.fabric_guard:
-            findings.append(check_guard(d, node, f))
+            findings.append(check_ports(deployment, node, facts))
+        if cluster.fabric_guard:
+            findings.append(check_guard(deployment, node, facts))
     order = {name: i for i, name in enumerate(CHECKS)}
-    nodes_order = {n.name: i for i, n in enumerate(d.cluster.nodes)}
+    nodes_order = {n.name: i for i, n in enumerate(cluster.nodes)}
     return sorted(findings, key=lambda x: (nodes_order[x.node], order[x.check]))
 
 
-def _reference(d: Deployment, reachable: dict, has) -> Optional[tuple[str, dict]]:
+def _reference(deployment: Deployment, reachable: dict[str, NodeFacts], has) -> Reference:
     """The node others are compared with: the head when it has the thing, else the first node that does."""
-    for node in sorted(d.cluster.nodes, key=lambda n: not n.head):
+    for node in sorted(deployment.cluster.nodes, key=lambda n: not n.head):
         if node.name in reachable and has(reachable[node.name]):
             return node.name, reachable[node.name]
     return None
@@ -75,102 +81,108 @@ def _could_not(node: str, check: str, why: str, fix: str = "") -> Finding:
     return Finding(node, check, Status.WARN, f"could not check: {why}", fix)
 
 
-def check_ssh(d: Deployment, node: NodeSpec, f: dict) -> Finding:
-    check, target = "ssh+docker", ssh_target(d, node)
-    if "sshError" in f:
+def check_ssh(node: NodeSpec, facts: NodeFacts) -> Finding:
+    check, target = "ssh+docker", ssh_target(node)
+    if facts.ssh_error is not None:
         hop = f" and that {node.via} can reach {node.ssh_host}" if node.via else ""
-        return Finding(node.name, check, Status.FAIL, f"{target} {f['sshError']}; the other checks did not run there",
+        return Finding(node.name, check, Status.FAIL, f"{target} {facts.ssh_error}; the other checks did not run there",
                        f"check the host, user and key in the cluster catalog{hop}")
-    if "probeError" in f:
-        return _could_not(node.name, check, f"{f['probeError']}, so no check ran there",
+    if facts.probe_error is not None:
+        return _could_not(node.name, check, f"{facts.probe_error}, so no check ran there",
                           "install python3 on the node, or set spark-vllm:preflight.enabled to false")
-    docker = f.get("docker", {})
-    if "unavailable" in docker:
-        return Finding(node.name, check, Status.FAIL, f"docker: {docker['unavailable']}",
+    docker = facts.docker
+    if docker.unavailable:
+        return Finding(node.name, check, Status.FAIL, f"docker: {docker.unavailable}",
                        "install Docker with the NVIDIA container runtime")
-    if "error" in docker:
-        denied = "permission denied" in docker["error"].lower()
-        return Finding(node.name, check, Status.FAIL, f"Docker does not answer: {docker['error']}",
+    if docker.error is not None:
+        denied = "permission denied" in docker.error.lower()
+        return Finding(node.name, check, Status.FAIL, f"Docker does not answer: {docker.error}",
                        f"add {node.ssh_user} to the docker group (`sudo usermod -aG docker {node.ssh_user}`)" if denied
                        else "start the Docker daemon (`sudo systemctl start docker`)")
-    slowest = max(f.get("timings", {}).items(), key=lambda item: item[1], default=None)
+    slowest = max(facts.timings.items(), key=lambda item: item[1], default=None)
     return Finding(node.name, check, Status.OK,
-                   f"{target}; Docker {docker['server']}, storage driver {docker['driver']}; "
-                   f"probe took {f['seconds']:.1f} s" + (f", the {slowest[0]} facts {slowest[1]:.1f} s of it"
-                                                         if slowest else ""))
+                   f"{target}; Docker {docker.server}, storage driver {docker.driver}; "
+                   f"probe took {facts.seconds:.1f} s" + (f", the {slowest[0]} facts {slowest[1]:.1f} s of it"
+                                                          if slowest else ""))
 
 
-GPU_SOURCES = {"nvidia-smi": "nvidia-smi -L",
-               "gpuProbe": "preflight.gpuProbe of the cluster catalog, a stand-in for nvidia-smi -L",
-               "runtime": "nvidia-smi -L through the NVIDIA container runtime"}
+GPU_SOURCES = {GpuSource.NVIDIA_SMI: "nvidia-smi -L",
+               GpuSource.GPU_PROBE: "preflight.gpuProbe of the cluster catalog, a stand-in for nvidia-smi -L",
+               GpuSource.RUNTIME: "nvidia-smi -L through the NVIDIA container runtime"}
 
 
-def check_gpus(d: Deployment, node: NodeSpec, f: dict) -> Finding:
-    g, want = f.get("gpus", {}), d.cluster.gpus_per_node
-    if "unavailable" in g:
-        return _could_not(node.name, "gpus", g["unavailable"], "install the NVIDIA driver's nvidia-smi on the node")
-    source = GPU_SOURCES[g["source"]]
-    if "error" in g:
-        return Finding(node.name, "gpus", Status.FAIL, f"{source} failed: {g['error']}",
+def check_gpus(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+    gpus, want = facts.gpus, deployment.cluster.gpus_per_node
+    if gpus.unavailable or gpus.source is None:
+        return _could_not(node.name, "gpus", gpus.unavailable or "no GPU facts",
+                          "install the NVIDIA driver's nvidia-smi on the node")
+    source = GPU_SOURCES[gpus.source]
+    if gpus.error is not None:
+        return Finding(node.name, "gpus", Status.FAIL, f"{source} failed: {gpus.error}",
                        "check the NVIDIA driver: run nvidia-smi on the node")
-    names = g["names"]
-    found = f"{len(names)} GPU{'s' if len(names) != 1 else ''}" + (f" ({', '.join(names)})" if names else "")
+    names = gpus.names
+    counted = f"{len(names)} GPU{'s' if len(names) != 1 else ''}" + (f" ({', '.join(names)})" if names else "")
     if len(names) < want:
-        return Finding(node.name, "gpus", Status.FAIL, f"{found} from {source}; ray.gpusPerNode is {want}",
+        return Finding(node.name, "gpus", Status.FAIL, f"{counted} from {source}; ray.gpusPerNode is {want}",
                        "check the NVIDIA driver (nvidia-smi), or lower ray.gpusPerNode")
-    return Finding(node.name, "gpus", Status.OK, f"{found} from {source}")
+    return Finding(node.name, "gpus", Status.OK, f"{counted} from {source}")
 
 
-def _unified(f: dict) -> bool:
+def _unified(facts: NodeFacts) -> bool:
     """A GB10 (DGX Spark): the GPU and the CPU share the node's memory."""
-    return any("GB10" in name for name in f.get("gpus", {}).get("names", []))
+    return any("GB10" in name for name in facts.gpus.names)
 
 
-def check_fabric(d: Deployment, node: NodeSpec, f: dict, reachable: dict) -> Finding:
-    fab, iface, ip = f.get("fabric", {}), d.cluster.fabric_interface, node.fabric_ip
-    if "unavailable" in fab:
-        return _could_not(node.name, "fabric", fab["unavailable"], "install iproute2 on the node")
-    if not fab["exists"]:
+def _ips(cidrs: tuple[str, ...]) -> list[str]:
+    return [cidr.split("/")[0] for cidr in cidrs]
+
+
+def check_fabric(deployment: Deployment, node: NodeSpec, facts: NodeFacts, reachable: dict[str, NodeFacts]) -> Finding:
+    cluster = deployment.cluster
+    fabric, iface, ip = facts.fabric, cluster.fabric_interface, node.fabric_ip
+    if fabric.unavailable:
+        return _could_not(node.name, "fabric", fabric.unavailable, "install iproute2 on the node")
+    if not fabric.exists:
         return Finding(node.name, "fabric", Status.FAIL,
-                       f"{iface} does not exist (interfaces: {', '.join(sorted(fab['addrs']))})",
+                       f"{iface} does not exist (interfaces: {', '.join(sorted(fabric.addrs))})",
                        "set fabricInterface in the cluster catalog to the fabric port (`ibdev2netdev` shows it)")
-    if not fab["up"]:
-        return Finding(node.name, "fabric", Status.FAIL, f"{iface} is {fab['state'].lower()}",
+    if not fabric.up:
+        return Finding(node.name, "fabric", Status.FAIL, f"{iface} is {fabric.state.lower()}",
                        f"bring it up (`sudo ip link set {iface} up`) and check the cable")
-    held = fab["addrs"].get(iface, [])
-    if ip not in [a.split("/")[0] for a in held]:
-        elsewhere = [name for name, addrs in fab["addrs"].items() if ip in [a.split("/")[0] for a in addrs]]
+    held = fabric.addrs.get(iface, ())
+    if ip not in _ips(held):
+        elsewhere = [name for name, cidrs in fabric.addrs.items() if ip in _ips(cidrs)]
         where = f"; {ip} is on {elsewhere[0]}, not the fabric" if elsewhere else ""
-        fix = (f"set {node.name}'s fabricIp to {held[0].split('/')[0]} in the cluster catalog, or add {ip} to {iface}"
+        fix = (f"set {node.name}'s fabricIp to {_ips(held)[0]} in the cluster catalog, or add {ip} to {iface}"
                if held else f"add {ip} to {iface} (`sudo ip addr add {ip}/24 dev {iface}`)")
         return Finding(node.name, "fabric", Status.FAIL,
                        f"{iface} holds {', '.join(held) or 'no IPv4 address'}, not fabricIp {ip}{where}", fix)
     problems = []
-    for peer in d.cluster.nodes:
-        route = fab["routes"].get(peer.name)
+    for peer in cluster.nodes:
+        route = fabric.routes.get(peer.name)
         if route is None:
             continue
-        if "error" in route:
-            problems.append((f"no route to {peer.name} ({peer.fabric_ip}): {route['error']}",
+        if route.error is not None:
+            problems.append((f"no route to {peer.name} ({peer.fabric_ip}): {route.error}",
                              f"give {iface} an address in {peer.name}'s fabric subnet"))
-        elif route["dev"] != iface:
-            problems.append((f"traffic to {peer.name} ({peer.fabric_ip}) leaves through {route['dev']} "
-                             f"(from {route['src']}), not {iface}: Ray and NCCL would use the management network, "
+        elif route.dev != iface:
+            problems.append((f"traffic to {peer.name} ({peer.fabric_ip}) leaves through {route.dev} "
+                             f"(from {route.src}), not {iface}: Ray and NCCL would use the management network, "
                              f"the seed's first failure",
                              f"give {iface} an address in {peer.name}'s fabric subnet, or fix {peer.name}'s fabricIp"))
-        elif route["src"] != ip:
-            problems.append((f"traffic to {peer.name} ({peer.fabric_ip}) leaves {iface} from {route['src']}, "
+        elif route.src != ip:
+            problems.append((f"traffic to {peer.name} ({peer.fabric_ip}) leaves {iface} from {route.src}, "
                              f"not fabricIp {ip}", f"make {ip} the primary address of {iface}"))
     if problems:
         return Finding(node.name, "fabric", Status.FAIL, "; ".join(p for p, _ in problems),
                        "; ".join(dict.fromkeys(fix for _, fix in problems)))
-    mine = next(a for a in held if a.split("/")[0] == ip)
-    peers = [p.name for p in d.cluster.nodes if p.name in fab["routes"]]
-    reason = f"{iface} up, {mine}, MTU {fab['mtu']}" + (f"; routes to {', '.join(peers)} leave through it"
+    mine = next(cidr for cidr in held if cidr.split("/")[0] == ip)
+    peers = [p.name for p in cluster.nodes if p.name in fabric.routes]
+    reason = f"{iface} up, {mine}, MTU {fabric.mtu}" + (f"; routes to {', '.join(peers)} leave through it"
                                                         if peers else "")
-    head = reachable.get(d.cluster.head.name, {}).get("fabric", {})
-    if not node.head and head.get("exists") and head.get("mtu") != fab["mtu"]:
-        return Finding(node.name, "fabric", Status.WARN, f"{reason}; but {d.cluster.head.name}'s MTU is {head['mtu']}",
+    head = reachable[cluster.head.name].fabric if cluster.head.name in reachable else None
+    if not node.head and head is not None and head.exists and head.mtu != fabric.mtu:
+        return Finding(node.name, "fabric", Status.WARN, f"{reason}; but {cluster.head.name}'s MTU is {head.mtu}",
                        f"set the same MTU (9000 on Sparks) on {iface} of every node")
     return Finding(node.name, "fabric", Status.OK, reason)
 
@@ -179,68 +191,71 @@ def _short(image_id: str) -> str:
     return image_id.split(":", 1)[-1][:12]
 
 
-def check_image(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[str, dict]]) -> Finding:
-    img, name = f.get("image"), d.serve.image
-    if img is None:
+def check_image(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: Reference) -> Finding:
+    image, name = facts.image, deployment.serve.image
+    if image is None:
         return _could_not(node.name, "image", "Docker does not answer")
-    if "unavailable" in img:
-        return _could_not(node.name, "image", img["unavailable"])
+    if image.unavailable:
+        return _could_not(node.name, "image", image.unavailable)
     copy = (f"on {ref[0]}: docker save {name} | ssh {node.ssh_user}@{node.fabric_ip} docker load"
             if ref and ref[0] != node.name else f"docker pull {name}")
-    if not img["present"]:
+    if not image.present:
         return Finding(node.name, "image", Status.FAIL, f"{name} is not on {node.name}", f"put it there: {copy}")
-    if ref is not None and img["id"] != ref[1]["image"]["id"]:
+    ref_image = ref[1].image if ref is not None else None
+    if ref is not None and ref_image is not None and image.id != ref_image.id:
         return Finding(node.name, "image", Status.FAIL,
-                       f"{node.name} has {name} as {_short(img['id'])}, {ref[0]} as {_short(ref[1]['image']['id'])}",
+                       f"{node.name} has {name} as {_short(image.id)}, {ref[0]} as {_short(ref_image.id)}",
                        f"put the same build on every node: {copy}")
-    return Finding(node.name, "image", Status.OK, f"{name} is {_short(img['id'])}" +
-                   (", the same on every node" if len(d.cluster.nodes) > 1 else ""))
+    return Finding(node.name, "image", Status.OK, f"{name} is {_short(image.id)}" +
+                   (", the same on every node" if len(deployment.cluster.nodes) > 1 else ""))
 
 
-def check_runtime(d: Deployment, node: NodeSpec, f: dict) -> Finding:
-    img = f.get("image") or {}
-    inside = img.get("inside")
-    if inside is None:
-        return _could_not(node.name, "ray+vllm", "the image is not on the node" if img.get("present") is False
-                          else "Docker does not answer" if not img else img["unavailable"])
-    if "error" in inside:
+def check_runtime(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+    image = facts.image
+    inside = image.inside if image is not None else None
+    if image is None or inside is None:
+        why = ("Docker does not answer" if image is None else image.unavailable if image.unavailable
+               else "the image is not on the node")
+        return _could_not(node.name, "ray+vllm", why)
+    if inside.error is not None:
         return Finding(node.name, "ray+vllm", Status.FAIL,
-                       f"python3 does not run in {d.serve.image}: {inside['error']}",
+                       f"python3 does not run in {deployment.serve.image}: {inside.error}",
                        "use an image with python3, Ray and vLLM")
     problems = []
-    if "rayError" in inside:
-        problems.append((f"the image has no Ray ({inside['rayError']})",
+    if inside.ray_error is not None:
+        problems.append((f"the image has no Ray ({inside.ray_error})",
                          "add Ray to the image (`pip install ray[default]`); NGC vLLM images from 26.04 on lack it"))
-    if "vllmError" in inside:
-        problems.append((f"the image has no working vLLM ({inside['vllmError']})", "use a vLLM image"))
+    if inside.vllm_error is not None:
+        problems.append((f"the image has no working vLLM ({inside.vllm_error})", "use a vLLM image"))
     if problems:
         return Finding(node.name, "ray+vllm", Status.FAIL, "; ".join(p for p, _ in problems),
                        "; ".join(fix for _, fix in problems))
-    return Finding(node.name, "ray+vllm", Status.OK, f"ray {inside['ray']}, vllm {inside['vllm']}")
+    return Finding(node.name, "ray+vllm", Status.OK, f"ray {inside.ray}, vllm {inside.vllm}")
 
 
-def check_architecture(d: Deployment, node: NodeSpec, f: dict) -> Finding:
-    model, inside = f.get("model", {}), (f.get("image") or {}).get("inside") or {}
-    config_file = f"{d.serve.model_path}/config.json"
-    if "unavailable" in model:
-        return _could_not(node.name, "architecture", model["unavailable"])
-    if not model.get("exists"):
-        return _could_not(node.name, "architecture", f"{d.serve.model_path} is not on the node")
-    if "config" not in model:
+def check_architecture(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+    model, path = facts.model, deployment.serve.model_path
+    inside = facts.image.inside if facts.image is not None else None
+    config_file = f"{path}/config.json"
+    if model is not None and model.unavailable:
+        return _could_not(node.name, "architecture", model.unavailable)
+    if model is None or not model.exists:
+        return _could_not(node.name, "architecture", f"{path} is not on the node")
+    if model.config is None:
         return Finding(node.name, "architecture", Status.FAIL, f"{config_file} is missing",
                        "copy the complete checkpoint, config.json included")
-    archs = model["config"].get("architectures") or []
+    archs = model.config.get("architectures") or []
     if not archs:
         return Finding(node.name, "architecture", Status.FAIL, f"{config_file} names no architectures",
                        "use a Hugging Face checkpoint whose config.json lists its architectures")
-    if "archs" not in inside:
+    if inside is None or inside.archs is None:
         return _could_not(node.name, "architecture", "the image's vLLM registry could not be read")
-    if not set(archs) & set(inside["archs"]):
+    if not set(archs) & set(inside.archs):
         return Finding(node.name, "architecture", Status.FAIL,
                        f"{', '.join(archs)} (from config.json) is not in the registry of the image's "
-                       f"vLLM {inside['vllm']}",
+                       f"vLLM {inside.vllm}",
                        f"use an image whose vLLM supports {archs[0]}, or another model")
-    return Finding(node.name, "architecture", Status.OK, f"{', '.join(archs)} is supported by vLLM {inside['vllm']}")
+    return Finding(node.name, "architecture", Status.OK, f"{', '.join(archs)} is supported by vLLM {inside.vllm}")
 
 
 def _some(names: list[str]) -> str:
@@ -248,22 +263,24 @@ def _some(names: list[str]) -> str:
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def check_weights(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[str, dict]]) -> Finding:
-    model, path = f.get("model", {}), d.serve.model_path
-    if "unavailable" in model:
-        return _could_not(node.name, "weights", model["unavailable"], f"let {node.ssh_user} read {path}")
+def check_weights(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: Reference) -> Finding:
+    model, path = facts.model, deployment.serve.model_path
+    if model is None:
+        return _could_not(node.name, "weights", "the probe listed no weights")
+    if model.unavailable:
+        return _could_not(node.name, "weights", model.unavailable, f"let {node.ssh_user} read {path}")
     copy_from = None
     if ref and ref[0] != node.name:
         copy_from = (f"copy them from {ref[0]} over the fabric: on {ref[0]}, rsync -a --progress {path}/ "
                      f"{node.ssh_user}@{node.fabric_ip}:{path}/")
-    head = d.cluster.head.name
-    syncs = d.preflight.sync_weights and ref is not None and ref[0] == head and ref[0] != node.name
+    head = deployment.cluster.head.name
+    syncs = deployment.preflight.sync_weights and ref is not None and ref[0] == head and ref[0] != node.name
 
     def differs(reason: str, fix: Optional[str]) -> Finding:
         """A difference the sync can repair is a warning when it is on, and a failure otherwise."""
         if not syncs or ref is None:
             return Finding(node.name, "weights", Status.FAIL, reason, fix or "")
-        lacking = [name for name, facts in ((head, ref[1]), (node.name, f)) if facts.get("rsync") is False]
+        lacking = [name for name, holder in ((head, ref[1]), (node.name, facts)) if holder.rsync is False]
         if lacking:
             return Finding(node.name, "weights", Status.FAIL,
                            f"{reason}; spark-vllm:preflight.syncWeights cannot copy them: rsync is not installed on "
@@ -272,22 +289,23 @@ def check_weights(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[st
         return Finding(node.name, "weights", Status.WARN,
                        f"{reason}; will sync from {head} over the fabric (spark-vllm:preflight.syncWeights)")
 
-    if not model["exists"]:
-        if model.get("isFile"):
+    if not model.exists:
+        if model.is_file:
             return Finding(node.name, "weights", Status.FAIL, f"{path} is a file, not a folder on {node.name}",
                            copy_from or f"put the model's weights at {path} on every node")
         return differs(f"{path} is not there on {node.name}",
                        copy_from or f"put the model's weights at {path} on every node")
-    files = dict(model["files"])
+    files = dict(model.files)
     weights = {name: n for name, n in files.items() if name.endswith(WEIGHT_SUFFIXES)}
     if not weights:
         return differs(f"{path} holds no *.safetensors, *.bin or *.pt files",
                        copy_from or "copy the complete checkpoint")
     summary = f"{len(weights)} weight file{'s' if len(weights) != 1 else ''}, {size(sum(weights.values()))}"
-    if ref is None or ref[0] == node.name:
-        return Finding(node.name, "weights", Status.OK, summary + _hash_note(d, model, None))
-    theirs = dict(ref[1]["model"]["files"])
-    missing, differ, changed = weight_differences(model, ref[1]["model"], d.preflight.hash_weights)
+    ref_model = ref[1].model if ref is not None and ref[0] != node.name else None
+    if ref is None or ref_model is None:
+        return Finding(node.name, "weights", Status.OK, summary + _hash_note(deployment, model, None))
+    theirs = dict(ref_model.files)
+    missing, differ, changed = weight_differences(model, ref_model, deployment.preflight.hash_weights)
     extra = sorted(set(files) - set(theirs))
     problems = []
     if missing:
@@ -302,20 +320,21 @@ def check_weights(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[st
     if problems:
         return differs("; ".join(problems), copy_from)
     if extra:
-        return Finding(node.name, "weights", Status.WARN, f"{summary}: every file of {ref[0]}, the same size, and also "
-                                                     f"{_some(extra)}" + _hash_note(d, model, ref[0]),
+        return Finding(node.name, "weights", Status.WARN,
+                       f"{summary}: every file of {ref[0]}, the same size, and also {_some(extra)}"
+                       + _hash_note(deployment, model, ref[0]),
                        f"remove what {ref[0]} does not have, so every node loads the same files")
     return Finding(node.name, "weights", Status.OK,
-                   f"{summary}, the same names and sizes as {ref[0]}" + _hash_note(d, model, ref[0]))
+                   f"{summary}, the same names and sizes as {ref[0]}" + _hash_note(deployment, model, ref[0]))
 
 
-def _hash_note(d: Deployment, model: dict, ref: Optional[str]) -> str:
-    if not d.preflight.hash_weights:
+def _hash_note(deployment: Deployment, model: Model, ref: Optional[str]) -> str:
+    if not deployment.preflight.hash_weights:
         return " (contents not hashed: spark-vllm:preflight.hashWeights is off)"
-    return f"; SHA-256 the same as {ref}'s" if ref else f"; {len(model.get('sha256', {}))} SHA-256 sums taken"
+    return f"; SHA-256 the same as {ref}'s" if ref else f"; {len(model.sha256)} SHA-256 sums taken"
 
 
-def kv_bytes_per_token(config: dict) -> Optional[int]:
+def kv_bytes_per_token(config: Mapping[str, Any]) -> Optional[int]:
     """K and V of every layer for one token, 16-bit, across the whole model; None when config.json lacks the shape."""
     layers, heads = config.get("num_hidden_layers"), config.get("num_key_value_heads")
     head_dim = config.get("head_dim")
@@ -326,22 +345,22 @@ def kv_bytes_per_token(config: dict) -> Optional[int]:
     return 2 * layers * heads * head_dim * 2
 
 
-def check_memory(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[str, dict]]) -> Finding:
-    serve, mem = d.serve, f.get("memory", {})
-    if "unavailable" in mem:
-        return _could_not(node.name, "memory", mem["unavailable"])
-    if ref is None:
+def check_memory(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: Reference) -> Finding:
+    serve, cluster, memory = deployment.serve, deployment.cluster, facts.memory
+    if memory.unavailable:
+        return _could_not(node.name, "memory", memory.unavailable)
+    model = ref[1].model if ref is not None else None
+    if model is None:
         return _could_not(node.name, "memory", "no node has the weights, so their size is unknown")
     world = serve.tensor_parallel * serve.pipeline_parallel
-    share = d.cluster.gpus_per_node / world  # this node's part of the weights and of the KV cache
-    model = ref[1]["model"]
-    weights = sum(n for name, n in model["files"] if name.endswith(WEIGHT_SUFFIXES)) * share
-    config = model.get("config", {})
+    share = cluster.gpus_per_node / world  # this node's part of the weights and of the KV cache
+    weights = sum(n for name, n in model.files if name.endswith(WEIGHT_SUFFIXES)) * share
+    config = model.config or {}
     max_len = serve.max_model_len or config.get("max_position_embeddings")
     per_token = kv_bytes_per_token(config)
     kv = per_token * max_len * share if per_token and isinstance(max_len, int) else 0
-    overhead = OVERHEAD_BYTES_PER_GPU * d.cluster.gpus_per_node
-    need, total, util = weights + kv + overhead, mem["totalKib"] * 1024, serve.gpu_memory_utilization
+    overhead = OVERHEAD_BYTES_PER_GPU * cluster.gpus_per_node
+    need, total, util = weights + kv + overhead, memory.total_kib * 1024, serve.gpu_memory_utilization
     budget = total * util
     kv_part = f"KV for one {max_len}-token sequence {size(kv)}" if kv else "KV not estimated"
     reason = (f"needs about {size(need)} (weights {size(weights)}, {kv_part}, overhead {size(overhead)}) "
@@ -351,7 +370,7 @@ def check_memory(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[str
                        "spread the model over more nodes, or lower maxModelLen, or raise gpuMemoryUtilization "
                        f"(at most {UNIFIED_UTILIZATION_LIMIT} on a GB10)")
     warnings = []
-    if _unified(f) and util > UNIFIED_UTILIZATION_LIMIT:
+    if _unified(facts) and util > UNIFIED_UTILIZATION_LIMIT:
         warnings.append((f"gpuMemoryUtilization {util:g} is above {UNIFIED_UTILIZATION_LIMIT} on a unified-memory "
                          f"GB10: only about 101-102 GiB of 121.69 GiB is free at boot, so vLLM's start-up check fails",
                          f"set spark-vllm:serve.gpuMemoryUtilization to {UNIFIED_UTILIZATION_LIMIT - 0.01:g}"))
@@ -366,61 +385,63 @@ def check_memory(d: Deployment, node: NodeSpec, f: dict, ref: Optional[tuple[str
     return Finding(node.name, "memory", Status.OK, reason)
 
 
-def check_ports(d: Deployment, node: NodeSpec, f: dict) -> Finding:
-    ports = f.get("ports", {})
-    if "unavailable" in ports:
-        return _could_not(node.name, "ports", ports["unavailable"], "install iproute2 (ss) on the node")
-    cluster = d.cluster
+def check_ports(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+    ports, cluster = facts.ports, deployment.cluster
+    if ports is None or ports.unavailable:
+        return _could_not(node.name, "ports", (ports.unavailable if ports else None) or "the probe listed no ports",
+                          "install iproute2 (ss) on the node")
     names = {cluster.ray_port: ("Ray GCS", "ray.port"), cluster.dashboard_port: ("dashboard", "ray.dashboardPort"),
              cluster.api_port: ("API", "api.port")}
-    own_names = {container_name(d.stack, n) for n in cluster.nodes}
+    own_names = {container_name(deployment.stack, n) for n in cluster.nodes}
     status, reasons, fixes = Status.OK, [], []
     for port, (what, key) in names.items():
-        state, label = ports[str(port)], f"{port} ({what})"
-        if state["free"]:
+        state, label = ports.by_port[port], f"{port} ({what})"
+        if state.free:
             reasons.append(f"{label} free")
             continue
-        if state.get("hidden"):
-            status = Status.FAIL if status == Status.FAIL else Status.WARN
+        if state.hidden:
+            status = Status.FAIL if status is Status.FAIL else Status.WARN
             reasons.append(f"could not check: {label} is in use, and ss shows its owner only to root")
             fixes.append(f"see who holds it: `sudo ss -tlnp 'sport = :{port}'`")
             continue
-        holders = [h for h in state["holders"] if not h.get("exiting")]
+        holders = [h for h in state.holders if not h.exiting]
         if not holders:
-            reasons.append(f"{label} free (its holder, pid {state['holders'][0]['pid']}, exited as it was checked)")
+            reasons.append(f"{label} free (its holder, pid {state.holders[0].pid}, exited as it was checked)")
             continue
-        if all(h.get("stack") == d.stack or h.get("container") in own_names for h in holders):
-            reasons.append(f"{label} held by this stack's {holders[0]['container']}")
+        ours = [h.stack == deployment.stack or h.container in own_names for h in holders]
+        if all(ours):
+            reasons.append(f"{label} held by this stack's {holders[0].container}")
             continue
-        h = next(h for h in holders if not (h.get("stack") == d.stack or h.get("container") in own_names))
+        holder = holders[ours.index(False)]
         status = Status.FAIL
-        if h.get("stack"):
-            reasons.append(f"{label} is held by {h['process']} (pid {h['pid']}) in {h['container']} of stack "
-                           f"{h['stack']}")
-            fixes.append(f"destroy that stack first (`pulumi destroy -s {h['stack']}`), or change {key}")
-        elif h.get("container"):
-            reasons.append(f"{label} is held by {h['process']} (pid {h['pid']}) in container {h['container']}")
-            fixes.append(f"stop it (`docker stop {h['container']}`), or change {key}")
+        if holder.stack:
+            reasons.append(f"{label} is held by {holder.process} (pid {holder.pid}) in {holder.container} of stack "
+                           f"{holder.stack}")
+            fixes.append(f"destroy that stack first (`pulumi destroy -s {holder.stack}`), or change {key}")
+        elif holder.container:
+            reasons.append(f"{label} is held by {holder.process} (pid {holder.pid}) in container {holder.container}")
+            fixes.append(f"stop it (`docker stop {holder.container}`), or change {key}")
         else:
-            reasons.append(f"{label} is held by {h['process']} (pid {h['pid']}), outside any container")
+            reasons.append(f"{label} is held by {holder.process} (pid {holder.pid}), outside any container")
             fixes.append(f"stop that process, or change {key}")
     return Finding(node.name, "ports", status, "; ".join(reasons), "; ".join(fixes))
 
 
-def check_guard(d: Deployment, node: NodeSpec, f: dict) -> Finding:
-    g = f.get("guard", {})
-    if "unavailable" in g:
+def check_guard(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+    cluster, guard = deployment.cluster, facts.guard
+    if guard is not None and guard.unavailable:
         # What stops the check (no iptables, no passwordless sudo) would stop `up` at the guard: fail here, first.
         return Finding(node.name, "guard", Status.FAIL,
-                       f"could not check: {g['unavailable']}; `up` could not apply the guard either",
+                       f"could not check: {guard.unavailable}; `up` could not apply the guard either",
                        f"let {node.ssh_user} run iptables with `sudo -n` (or install iptables), or set "
                        f"ray.fabricGuard: false")
-    state, chain = guard_state(d.stack, d.cluster, g["hooked"]), chain_name(d.stack, d.cluster)
+    hooked = guard.hooked if guard is not None else None
+    state, chain = guard_state(deployment.stack, cluster, hooked), chain_name(deployment.stack, cluster)
     if state is GuardState.IN_PLACE:
-        return Finding(node.name, "guard", Status.OK, f"Ray's ports are closed to all but {d.cluster.fabric_interface} "
-                                                 f"and loopback (chain {chain})")
-    if state is GuardState.STALE:
-        return Finding(node.name, "guard", Status.OK, f"chain {', '.join(g['hooked'])} guards other ports; `up` puts "
-                                                 f"{chain} in first, then removes it")
+        return Finding(node.name, "guard", Status.OK,
+                       f"Ray's ports are closed to all but {cluster.fabric_interface} and loopback (chain {chain})")
+    if state is GuardState.STALE and hooked:
+        return Finding(node.name, "guard", Status.OK,
+                       f"chain {', '.join(hooked)} guards other ports; `up` puts {chain} in first, then removes it")
     return Finding(node.name, "guard", Status.OK, f"the rules that close Ray's ports to all but "
-                                             f"{d.cluster.fabric_interface} are not in place; `up` applies them")
+                                                  f"{cluster.fabric_interface} are not in place; `up` applies them")

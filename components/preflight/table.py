@@ -7,6 +7,7 @@ from .judging import Finding, Status
 
 
 def render(findings: list[Finding]) -> str:
-    rows = [(f.node, f.check, "FAIL" if f.status is Status.FAIL else str(f.status),
-             f.reason + (f". Fix: {f.fix}" if f.fix and f.status is not Status.OK else "")) for f in findings]
+    rows = [(finding.node, finding.check, "FAIL" if finding.status is Status.FAIL else str(finding.status),
+             finding.reason + (f". Fix: {finding.fix}" if finding.fix and finding.status is not Status.OK else ""))
+            for finding in findings]
     return table([("node", "check", "result", ""), *rows])

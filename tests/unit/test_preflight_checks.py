@@ -18,6 +18,7 @@ import pytest
 
 from components import config, node_runner, preflight, weight_manifests
 from components.fabric_guard import GuardState, guard_state
+from components.node_facts import Docker, parse
 from components.preflight import probing as preflight_probe
 from components.preflight.table import render
 from components.fabric_guard import chain_name
@@ -68,8 +69,13 @@ def healthy() -> dict:
     return facts
 
 
+def typed(facts: dict) -> dict:
+    """The probe's JSON of every node, as preflight reads it."""
+    return {name: parse(raw) for name, raw in facts.items()}
+
+
 def judged(d, facts) -> dict[tuple[str, str], Finding]:
-    return {(f.node, f.check): f for f in evaluate(d, facts)}
+    return {(f.node, f.check): f for f in evaluate(d, typed(facts))}
 
 
 def one(d, facts, node, check) -> tuple[str, str, str]:
@@ -480,7 +486,7 @@ def test_hashed_weights_name_a_shard_whose_contents_differ(tmp_path):
 
 
 def needed(d, facts) -> dict[str, bool]:
-    return weight_manifests.sync_needed(d.cluster, d.preflight.hash_weights, facts)
+    return weight_manifests.sync_needed(d.cluster, d.preflight.hash_weights, typed(facts))
 
 
 SYNC = "will sync from spark1 over the fabric (spark-vllm:preflight.syncWeights)"
@@ -674,7 +680,7 @@ def test_the_guard_in_place_passes_and_a_missing_or_stale_one_is_replaced_by_up(
         "ok", "the rules that close Ray's ports to all but enp1s0f1np1 are not in place; `up` applies them", "")
     assert one(d, facts, "spark3", "guard") == (
         "ok", "chain svl-test-0000aaaa guards other ports; `up` puts svl-test-800217c9 in first, then removes it", "")
-    assert [preflight.guard_found(d, facts, d.cluster.node(n)) for n in ("spark1", "spark2", "spark3")] == [
+    assert [preflight.guard_found(d, typed(facts), d.cluster.node(n)) for n in ("spark1", "spark2", "spark3")] == [
         GuardState.IN_PLACE, GuardState.MISSING, GuardState.STALE]
     assert preflight.guard_found(d, {}, d.cluster.head) is None  # preflight off
     assert guard_state("test", d.cluster, None) is None
@@ -704,7 +710,7 @@ def test_without_the_guard_there_is_no_guard_row_and_no_probe_for_it(tmp_path):
 def test_the_table_lists_every_finding_with_its_fix(tmp_path):
     d, facts = deployment(tmp_path), healthy()
     facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
-    lines = render(evaluate(d, facts)).splitlines()
+    lines = render(evaluate(d, typed(facts))).splitlines()
     assert lines[0].split() == ["node", "check", "result"]
     assert "spark2  weights       FAIL    spark2 lacks model-00003-of-00003.safetensors. Fix: " + RSYNC in lines
     assert "spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free" in lines
@@ -716,7 +722,7 @@ def test_a_failure_stops_the_program_before_any_resource_with_the_whole_table(tm
     facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
     facts["spark3"]["image"]["id"] = OTHER_ID
     probed = []
-    monkeypatch.setattr(preflight, "probe", lambda d, node: probed.append(node.name) or facts[node.name])
+    monkeypatch.setattr(preflight, "probe", lambda d, node: probed.append(node.name) or parse(facts[node.name]))
     cfg = stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True})
     with pytest.raises(pulumi.RunError) as err:
         run_program(cfg)
@@ -731,16 +737,16 @@ def test_a_failure_stops_the_program_before_any_resource_with_the_whole_table(tm
 
 def test_a_clean_preflight_lets_the_program_register_everything(tmp_path, monkeypatch):
     facts = healthy()
-    monkeypatch.setattr(preflight, "probe", lambda d, node: facts[node.name])
+    monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
     recording = run_program(stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True}))
     assert "serve-ready-gate" in recording.names()
 
 
 def test_run_returns_every_nodes_facts_for_the_sync(tmp_path, monkeypatch):
     facts = healthy()
-    monkeypatch.setattr(preflight, "probe", lambda d, node: facts[node.name])
+    monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
     d = deployment(tmp_path, syncWeights=True)
-    assert preflight.run(d) == facts
+    assert preflight.run(d) == typed(facts)
     assert preflight.run(deployment(tmp_path / "off", enabled=False)) == {}
 
 
@@ -754,10 +760,11 @@ def test_the_probe_is_sent_with_the_docker_providers_ssh_options(tmp_path, monke
     calls = []
 
     class Done:
-        returncode, stdout, stderr = 0, preflight_probe.MARK + json.dumps({"docker": {}}) + "\n", ""
+        returncode, stderr = 0, ""
+        stdout = preflight_probe.MARK + json.dumps({"docker": {"server": "28.0.1", "driver": "overlay2"}}) + "\n"
 
     monkeypatch.setattr(node_runner.subprocess, "run", lambda argv, **kw: calls.append((argv, kw)) or Done())
-    assert preflight_probe.probe(d, d.cluster.node("spark2"))["docker"] == {}
+    assert preflight_probe.probe(d, d.cluster.node("spark2")).docker == Docker(server="28.0.1", driver="overlay2")
     argv, kw = calls[0]
     opts = provider_ssh_opts(d.cluster.ssh, d.cluster.node("spark1"))
     assert argv[:len(opts) + 3] == ["ssh", *opts, "-p", "22"]

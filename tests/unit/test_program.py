@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from components.node_facts import parse
 from components import config, preflight
 from components.fabric_guard import chain_name
 from components.ray_node import pinned_env
@@ -93,7 +94,7 @@ def test_each_nodes_guard_goes_in_before_its_ray_container(rec, tmp_path):
 def test_a_guard_preflight_found_missing_gets_a_fresh_trigger(tmp_path, monkeypatch):
     facts = healthy()
     facts["spark2"]["guard"] = {"hooked": []}
-    monkeypatch.setattr(preflight, "probe", lambda d, node: facts[node.name])
+    monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
     cfg = stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True})
     first, second = run_program(cfg), run_program(cfg)
     for rec in (first, second):

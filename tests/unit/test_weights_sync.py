@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from components.node_facts import parse
 from components import preflight, weights_sync
 from components.config import load
 from components.node_runner import rsync_argv
@@ -20,7 +21,7 @@ COMMAND = "command:remote:Command"
 
 def program(tmp_path, monkeypatch, facts=None, clusters=None, **checks):
     facts = facts if facts is not None else healthy()
-    monkeypatch.setattr(preflight, "probe", lambda d, node: facts[node.name])
+    monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
     catalog = write_catalog(tmp_path / "catalog", clusters)
     return run_program(stack_config(catalog, preflight={"enabled": True, **checks}))
 
@@ -73,8 +74,9 @@ def test_the_same_difference_found_again_changes_the_trigger(tmp_path):
              set(), ROOT)
     facts = healthy()
     facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
-    first = weights_sync.plan(d.cluster, d.preflight, facts, now=0)
-    again = weights_sync.plan(d.cluster, d.preflight, facts, now=3600)
+    typed = {name: parse(raw) for name, raw in facts.items()}
+    first = weights_sync.plan(d.cluster, d.preflight, typed, now=0)
+    again = weights_sync.plan(d.cluster, d.preflight, typed, now=3600)
     assert first["spark2"].needed and first["spark2"].triggers[0] == again["spark2"].triggers[0]
     assert first["spark2"].triggers != again["spark2"].triggers
     assert first["spark3"] == again["spark3"] == weights_sync.SyncPlan(False, first["spark3"].triggers)
