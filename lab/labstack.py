@@ -38,7 +38,9 @@ class LabStack:
         self.stack = stack
         shutil.copytree(ROOT, self.dir, ignore=lambda d, names: [n for n in names if Path(d) == ROOT and
                                                                   n not in PROJECT_FILES] + ["__pycache__"])
-        (self.dir / f"Pulumi.{stack}.yaml").write_text((ROOT / f"Pulumi.{source}.yaml").read_text())
+        # Only the settings: a salt that a `pulumi stack init` in the checkout left there is of another passphrase.
+        settings = (yaml.safe_load((ROOT / f"Pulumi.{source}.yaml").read_text()) or {}).get("config", {})
+        (self.dir / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": settings}))
         (self.dir / ".venv").symlink_to(ROOT / ".venv")
         self.env = {**os.environ, **env, "PULUMI_BACKEND_URL": f"file://{workdir / 'state'}",
                     "PULUMI_CONFIG_PASSPHRASE": "e2e-passphrase", "PULUMI_SKIP_UPDATE_CHECK": "1",
