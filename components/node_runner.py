@@ -64,27 +64,32 @@ def ensure_control_dir(ssh: SshSpec) -> None:
         os.makedirs(os.path.expanduser(CONTROL_DIR), mode=0o700, exist_ok=True)
 
 
-def ssh_argv(cluster: ClusterSpec, node: NodeSpec, command: str) -> list[str]:
+def jump_of(cluster: ClusterSpec, node: NodeSpec) -> Optional[NodeSpec]:
+    """The node that `node` is reached through, if any."""
+    return cluster.node(node.via) if node.via else None
+
+
+def ssh_argv(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str) -> list[str]:
     """The local `ssh` command line that runs `command` on `node`, as the Docker provider reaches it."""
-    jump = cluster.node(node.via) if node.via else None
-    return ["ssh", *provider_ssh_opts(cluster.ssh, jump), "-p", str(node.ssh_port),
-            f"{node.ssh_user}@{node.ssh_host}", "--", command]
+    return ["ssh", *provider_ssh_opts(ssh, jump), "-p", str(node.ssh_port), f"{node.ssh_user}@{node.ssh_host}", "--",
+            command]
 
 
 def _never_started(done: subprocess.CompletedProcess) -> bool:
     return done.returncode == 255 and STARTED not in done.stderr
 
 
-def run(cluster: ClusterSpec, node: NodeSpec, command: str, stdin: str = "",
+def run(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str, stdin: str = "",
         timeout: float = 60) -> subprocess.CompletedProcess:
-    """Runs a shell command on `node`; raises subprocess.TimeoutExpired after `timeout` s, retries included.
+    """Runs a shell command on `node`, through `jump` when it is set; raises subprocess.TimeoutExpired after
+    `timeout` s, retries included.
 
     A connection that fails before the command started is tried again, up to ATTEMPTS times with a doubling
     pause; a command that started is never run twice. Exit status 255 with the command not started means ssh
     could not reach the node, and stderr says why.
     """
-    ensure_control_dir(cluster.ssh)
-    argv = ssh_argv(cluster, node, f"echo {shlex.quote(STARTED)} >&2; {command}")
+    ensure_control_dir(ssh)
+    argv = ssh_argv(ssh, node, jump, f"echo {shlex.quote(STARTED)} >&2; {command}")
     deadline, pause = time.monotonic() + timeout, FIRST_BACKOFF_S
     for attempt in range(1, ATTEMPTS + 1):
         done = subprocess.run(argv, input=stdin, capture_output=True, text=True,

@@ -37,8 +37,9 @@ def probe(deployment: Deployment, node: NodeSpec) -> NodeFacts:
     start = time.monotonic()
     try:
         spec = shlex.quote(json.dumps(probe_spec(deployment, node)))
-        done = node_runner.run(deployment.cluster, node, f"python3 - {spec}", stdin=script("preflight_probe.py"),
-                               timeout=limit)
+        cluster = deployment.cluster
+        done = node_runner.run(cluster.ssh, node, node_runner.jump_of(cluster, node), f"python3 - {spec}",
+                               stdin=script("preflight_probe.py"), timeout=limit)
     except subprocess.TimeoutExpired:
         return NodeFacts(ssh_error=f"gave no answer within {limit} s (spark-vllm:preflight.timeoutSeconds)")
     seconds = round(time.monotonic() - start, 1)

@@ -63,13 +63,13 @@ def test_the_providers_ssh_options_through_a_jump_host(cluster):
 
 def test_building_a_command_line_creates_nothing(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    node_runner.ssh_argv(cluster, cluster.node("spark2"), "true")
+    node_runner.ssh_argv(cluster.ssh, cluster.node("spark2"), cluster.node("spark1"), "true")
     node_runner.provider_ssh_opts(cluster.ssh, cluster.node("spark1"))
     assert not (tmp_path / "home").exists()
 
 
 def test_run_makes_the_private_socket_folder(cluster, fake_ssh, tmp_path):
-    assert node_runner.run(cluster, cluster.node("spark1"), "true").returncode == 0
+    assert node_runner.run(cluster.ssh, cluster.node("spark1"), None, "true").returncode == 0
     folder = tmp_path / "home/.cache/spark-vllm/ssh"
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
 
@@ -77,7 +77,8 @@ def test_run_makes_the_private_socket_folder(cluster, fake_ssh, tmp_path):
 def test_a_connection_refused_is_tried_again_and_the_command_runs_once(cluster, fake_ssh, monkeypatch):
     monkeypatch.setenv("FAIL_FIRST", "2")
     monkeypatch.setenv("FAIL_MESSAGE", "ssh: connect to host 10.10.10.11 port 22: Connection refused")
-    done = node_runner.run(cluster, cluster.node("spark1"), f"echo ran >> {fake_ssh}/runs; cat", stdin="hello")
+    done = node_runner.run(cluster.ssh, cluster.node("spark1"), None, f"echo ran >> {fake_ssh}/runs; cat",
+                           stdin="hello")
     assert (done.returncode, done.stdout, done.stderr) == (0, "hello", "")
     assert count(fake_ssh, "connections") == 3 and (fake_ssh / "runs").read_text() == "ran\n"
 
@@ -85,13 +86,14 @@ def test_a_connection_refused_is_tried_again_and_the_command_runs_once(cluster, 
 def test_connection_errors_give_up_after_the_last_attempt(cluster, fake_ssh, monkeypatch):
     monkeypatch.setenv("FAIL_FIRST", "9")
     monkeypatch.setenv("FAIL_MESSAGE", "kex_exchange_identification: Connection closed by remote host")
-    done = node_runner.run(cluster, cluster.node("spark1"), "true")
+    done = node_runner.run(cluster.ssh, cluster.node("spark1"), None, "true")
     assert done.returncode == 255 and "Connection closed" in done.stderr
     assert count(fake_ssh, "connections") == node_runner.ATTEMPTS == 3
 
 
 def test_a_command_that_ran_and_exited_255_is_not_run_again(cluster, fake_ssh):
-    done = node_runner.run(cluster, cluster.node("spark1"), f"echo ran >> {fake_ssh}/runs; echo oops >&2; exit 255")
+    done = node_runner.run(cluster.ssh, cluster.node("spark1"), None,
+                           f"echo ran >> {fake_ssh}/runs; echo oops >&2; exit 255")
     assert (done.returncode, done.stderr) == (255, "oops\n")
     assert count(fake_ssh, "connections") == 1 and (fake_ssh / "runs").read_text() == "ran\n"
 
@@ -99,7 +101,7 @@ def test_a_command_that_ran_and_exited_255_is_not_run_again(cluster, fake_ssh):
 def test_a_refused_key_is_not_tried_again(cluster, fake_ssh, monkeypatch):
     monkeypatch.setenv("FAIL_FIRST", "9")
     monkeypatch.setenv("FAIL_MESSAGE", "nvidia@10.10.10.11: Permission denied (publickey).")
-    assert node_runner.run(cluster, cluster.node("spark1"), "true").returncode == 255
+    assert node_runner.run(cluster.ssh, cluster.node("spark1"), None, "true").returncode == 255
     assert count(fake_ssh, "connections") == 1
 
 
@@ -107,11 +109,11 @@ def test_run_is_bounded_retries_included(cluster, fake_ssh, monkeypatch):
     monkeypatch.setenv("FAIL_FIRST", "9")
     monkeypatch.setenv("FAIL_MESSAGE", "ssh: connect to host 10.10.10.11 port 22: Connection timed out")
     monkeypatch.setattr(node_runner, "FIRST_BACKOFF_S", 5)
-    done = node_runner.run(cluster, cluster.node("spark1"), "true", timeout=1)
+    done = node_runner.run(cluster.ssh, cluster.node("spark1"), None, "true", timeout=1)
     assert done.returncode == 255 and count(fake_ssh, "connections") == 1  # no pause past the deadline
     monkeypatch.delenv("FAIL_FIRST")
     with pytest.raises(subprocess.TimeoutExpired):
-        node_runner.run(cluster, cluster.node("spark1"), "sleep 5", timeout=0.5)
+        node_runner.run(cluster.ssh, cluster.node("spark1"), None, "sleep 5", timeout=0.5)
 
 
 def test_the_hop_between_nodes_reads_its_key_from_the_scripts_folder(cluster):
