@@ -104,6 +104,16 @@ def run(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str, st
     return done
 
 
+def stream(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str) -> int:
+    """Runs a command on `node` with this terminal's input and output until it ends or Ctrl-C stops it: for
+    commands that follow (`tail -F`), which no timeout bounds. Returns its exit status."""
+    ensure_control_dir(ssh)
+    try:
+        return subprocess.run(ssh_argv(ssh, node, jump, command)).returncode
+    except KeyboardInterrupt:
+        return 130
+
+
 def rsync_argv(path: str, node: NodeSpec, host: str, checksum: bool, with_key: bool) -> list[str]:
     """rsync from this node's `path` to the same path on `node` at `host`, for a script that runs on a node.
 
