@@ -48,7 +48,8 @@ def cluster_entry(nodes: list[NodeAddress], ssh: SshSettings, facts: Mapping[str
                                      **({"knownHostsFile": ssh.known_hosts_file} if ssh.known_hosts_file else {})},
                              "fabricInterface": iface or "FILL-IN"}
     runtimes_ok = all("nvidia" in facts[n.name]["docker"]["runtimes"] for n in nodes)
-    rdma = all(facts[n.name]["infiniband"] for n in nodes)
+    # RDMA needs an HCA with a port up, not only /dev/infiniband (the lab's nodes have a stand-in device).
+    rdma = all(facts[n.name]["infiniband"] and facts[n.name]["roce"] for n in nodes)
     limits = {key: min((facts[n.name]["limits"][key] for n in nodes), key=lambda v: float("inf") if v < 0 else v)
               for key in DEFAULT_ULIMITS}
     lower = {key: value for key, value in limits.items()

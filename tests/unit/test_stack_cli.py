@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 
 from components import node_runner, stack_cli
 from components.config import load
@@ -54,3 +57,21 @@ def test_stream_runs_the_command_with_this_terminals_output(tmp_path, monkeypatc
     cluster = load("t", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT).cluster
     assert node_runner.stream(cluster.ssh, cluster.head, None, "echo line one; exit 3") == 3
     assert capfd.readouterr().out == "line one\n"
+
+
+def test_stream_passes_a_sigterm_on_to_ssh(tmp_path):
+    """A stopped `scripts/logs -f` must not leave its ssh (here: a sleep) holding the output."""
+    (tmp_path / "ssh").write_text('#!/bin/sh\nfor last; do :; done\nexec sh -c "$last"\n')
+    (tmp_path / "ssh").chmod(0o755)
+    catalog = write_catalog(tmp_path / "catalog")
+    program = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests/unit')!r})\n"
+               "from components import node_runner\nfrom components.config import load\n"
+               "from fixtures import stack_config\nfrom pathlib import Path\n"
+               f"cluster = load('t', stack_config(Path({str(catalog)!r})), set(), Path({str(ROOT)!r})).cluster\n"
+               "sys.exit(node_runner.stream(cluster.ssh, cluster.head, None, 'echo started; exec sleep 60'))\n")
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "HOME": str(tmp_path / "home")}
+    child = subprocess.Popen([sys.executable, "-c", program], env=env, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "started\n"
+    child.terminate()
+    out, _ = child.communicate(timeout=10)  # EOF: no process holds the output any more
+    assert child.returncode == 128 + signal.SIGTERM
