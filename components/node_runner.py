@@ -70,10 +70,12 @@ def jump_of(cluster: ClusterSpec, node: NodeSpec) -> Optional[NodeSpec]:
     return cluster.node(node.via) if node.via else None
 
 
-def ssh_argv(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str) -> list[str]:
-    """The local `ssh` command line that runs `command` on `node`, as the Docker provider reaches it."""
-    return ["ssh", *provider_ssh_opts(ssh, jump), "-p", str(node.ssh_port), f"{node.ssh_user}@{node.ssh_host}", "--",
-            command]
+def ssh_argv(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str, shared: bool = True) -> list[str]:
+    """The local `ssh` command line that runs `command` on `node`, as the Docker provider reaches it. Not `shared`,
+    it opens a connection of its own (ssh takes the first value of an option, so this goes first)."""
+    own = [] if shared else ["-o", "ControlPath=none"]
+    return ["ssh", *own, *provider_ssh_opts(ssh, jump), "-p", str(node.ssh_port), f"{node.ssh_user}@{node.ssh_host}",
+            "--", command]
 
 
 def _never_started(done: subprocess.CompletedProcess) -> bool:
@@ -109,7 +111,9 @@ def stream(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str)
     """Runs a command on `node` with this terminal's input and output until it ends, or Ctrl-C or SIGTERM stops it:
     for commands that follow (`tail -F`), which no timeout bounds. Returns its exit status."""
     ensure_control_dir(ssh)
-    child = subprocess.Popen(ssh_argv(ssh, node, jump, command))
+    # Its own connection: a shared one hands this terminal's output to the master ssh, which would keep it open
+    # (and the command running) after this ssh is stopped.
+    child = subprocess.Popen(ssh_argv(ssh, node, jump, command, shared=False))
     # ssh holds this process's output: a SIGTERM that ended only this process would leave ssh running.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: child.terminate())
     try:
