@@ -5,19 +5,19 @@ from pathlib import Path
 import pulumi
 
 from components import config, preflight
-from components.cluster_ready import ClusterReady, ClusterReadyArgs
 from components.fabric_guard import FabricGuard, FabricGuardArgs
+from components.gate import Gate, GateArgs
+from components.gate_args import cluster_ready_args, serve_ready_args
 from components.ray_node import RayNode, RayNodeArgs
-from components.serve_ready import ServeReady, ServeReadyArgs
 from components.spark_node import SparkNode, SparkNodeArgs
 from components.vllm_serve import VllmServe, VllmServeArgs
 from components.weights_sync import WeightsSync, WeightsSyncArgs
 
-d = config.from_pulumi(Path(__file__).parent)
-facts = preflight.run(d)  # before any resource: a failed check leaves the stack as it was
-cluster, serve = d.cluster, d.serve
+deployment = config.from_pulumi(Path(__file__).parent)
+facts = preflight.run(deployment)  # before any resource: a failed check leaves the stack as it was
+cluster, serve = deployment.cluster, deployment.serve
 stack_config = pulumi.Config(config.NAMESPACE)
-private_key = pulumi.Output.secret(d.ssh_private_key) if d.ssh_private_key else None
+private_key = pulumi.Output.secret(deployment.ssh_private_key) if deployment.ssh_private_key else None
 
 sparks = {
     node.name: SparkNode(node.name, SparkNodeArgs(node=node, ssh=cluster.ssh, image=serve.image,
@@ -27,35 +27,40 @@ sparks = {
 }
 guards = {
     node.name: FabricGuard(f"fabric-guard-{node.name}", FabricGuardArgs(
-        stack=d.stack, cluster=cluster, node=node, connection=sparks[node.name].connection,
-        found=preflight.guard_state(d, facts, node)))
+        stack=deployment.stack, cluster=cluster, node=node, connection=sparks[node.name].connection,
+        found=preflight.guard_found(deployment, facts, node)))
     for node in cluster.nodes if cluster.fabric_guard
 }
 head_spark = sparks[cluster.head.name]
 sync = WeightsSync("weights-sync", WeightsSyncArgs(
-    cluster=cluster, serve=serve, checks=d.preflight, facts=facts, connection=head_spark.connection,
-    private_key=private_key)) if d.preflight.sync_weights else None
-head = RayNode("ray-head", RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=cluster.head,
+    cluster=cluster, serve=serve, preflight=deployment.preflight, facts=facts, connection=head_spark.connection,
+    private_key=private_key)) if deployment.preflight.sync_weights else None
+head = RayNode("ray-head", RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head,
                                        spark=head_spark, guard=guards.get(cluster.head.name)))
 workers = {
     node.name: RayNode(f"ray-worker-{node.name}",
-                       RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name],
+                       RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=node,
+                                   spark=sparks[node.name],
                                    head=head, guard=guards.get(node.name),
                                    weights_synced=sync.synced[node.name] if sync else None))
     for node in cluster.workers
 }
-cluster_ready = ClusterReady("cluster-ready", ClusterReadyArgs(
-    cluster=cluster, connection=head_spark.connection, head_container=head.container_name,
-    container_ids=[head.container_id, *(w.container_id for w in workers.values())],
-    timeout_s=d.cluster_ready_timeout_s))
-vllm = VllmServe("vllm-serve", VllmServeArgs(
+# The gates were two component types before they were one: the aliases keep existing stacks' gates in place.
+cluster_ready = Gate("cluster-ready", GateArgs(
+    connection=head_spark.connection, container=head.container_name, script="cluster_ready.py",
+    args=cluster_ready_args(cluster), triggers=[head.container_id, *(w.container_id for w in workers.values())],
+    timeout_s=deployment.cluster_ready_timeout_s),
+    opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ClusterReady")]))
+serve_process = VllmServe("vllm-serve", VllmServeArgs(
     cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
     cluster_ready_id=cluster_ready.ready_id,
-    secrets={key: stack_config.require_secret(key) for key in d.secrets},
+    secrets={key: stack_config.require_secret(key) for key in deployment.secrets},
     nodes={name: spark.connection for name, spark in sparks.items()}))
-serve_ready = ServeReady("serve-ready", ServeReadyArgs(
-    cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
-    serve_id=vllm.serve_id, timeout_s=d.serve_ready_timeout_s))
+serve_ready = Gate("serve-ready", GateArgs(
+    connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
+    args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],
+    timeout_s=deployment.serve_ready_timeout_s),
+    opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ServeReady")]))
 
 # The URL is exported only once the model answers, so a stack output always points at a working endpoint.
 pulumi.export("baseUrl", serve_ready.ready_id.apply(
