@@ -363,13 +363,13 @@ def _check_nodes(c: Section, nodes: list[NodeSpec]) -> None:
         if node.via not in via:
             raise refuse(i, node, "which is no node's name" + did_you_mean(node.via, others[node.name]))
     for i, node in jumps:
-        hops = [node.name, node.via]
-        while via[hops[-1]] is not None and hops[-1] not in hops[:-1]:
-            hops.append(via[hops[-1]])
+        hops = [node.name, str(node.via)]  # every node in `jumps` has a via
+        while (hop := via[hops[-1]]) is not None and hops[-1] not in hops[:-1]:
+            hops.append(hop)
         if hops[-1] in hops[:-1]:
             raise refuse(i, node, f"a cycle of jump hosts ({' -> '.join(hops[hops.index(hops[-1]):])})")
         if len(hops) > 2:
-            raise refuse(i, node, f"which is itself reached via {via[node.via]} (one jump host at most)")
+            raise refuse(i, node, f"which is itself reached via {via[hops[1]]} (one jump host at most)")
 
 
 def _check_ports(c: Section, ports: dict[str, int], worker_ports: tuple[int, int]) -> None:
