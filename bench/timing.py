@@ -40,13 +40,18 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], event_log: Optional[Path
     reader.start()
     events: list[tuple[float, dict]] = []
     tail = _Tail(event_log) if event_log else None
-    while proc.poll() is None:
-        if time.monotonic() - start > timeout:
-            proc.kill()
-            raise TimeoutError(f"{' '.join(cmd)} took more than {timeout:g} s")
-        if tail:
-            events += [(time.monotonic() - start, e) for e in tail.read()]
-        time.sleep(0.05)
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"{' '.join(cmd)} took more than {timeout:g} s")
+            if tail:
+                events += [(time.monotonic() - start, e) for e in tail.read()]
+            time.sleep(0.05)
+    except BaseException:
+        # A `pulumi` left running holds the stack's lock, and the caller's clean-up `destroy` would be refused.
+        proc.kill()
+        proc.wait()
+        raise
     seconds = time.monotonic() - start
     reader.join()
     if tail:
@@ -55,7 +60,9 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], event_log: Optional[Path
 
 
 class _Tail:
-    """Complete JSON lines appended to a file since the last read."""
+    """The events in the complete lines appended to a file since the last read. The file may be started anew
+    (it is read again from its start) and a line may hold more than one event or a torn one: bookkeeping must
+    never end the run it times."""
 
     def __init__(self, path: Path):
         self.path, self.offset, self.partial = path, 0, ""
@@ -63,13 +70,30 @@ class _Tail:
     def read(self) -> list[dict]:
         if not self.path.exists():
             return []
+        if self.path.stat().st_size < self.offset:
+            self.offset, self.partial = 0, ""
         with self.path.open() as f:
             f.seek(self.offset)
             chunk = f.read()
             self.offset = f.tell()
         text = self.partial + chunk
         *complete, self.partial = text.split("\n")
-        return [json.loads(line) for line in complete if line.strip()]
+        return [event for line in complete for event in _objects(line)]
+
+
+def _objects(line: str) -> list[dict]:
+    """Every whole JSON object on `line`, in order; what cannot be read ends the line."""
+    decoder, found, at = json.JSONDecoder(), [], 0
+    line = line.strip()
+    while at < len(line):
+        try:
+            obj, at = decoder.raw_decode(line, at)
+        except json.JSONDecodeError:
+            break
+        found.append(obj)
+        while at < len(line) and line[at].isspace():
+            at += 1
+    return found
 
 
 def stats(samples: list[float]) -> dict:
