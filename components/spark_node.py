@@ -44,7 +44,8 @@ class SparkNode(pulumi.ComponentResource):
                                                        private_key=args.private_key)
         self.connection = command.remote.ConnectionArgs(host=node.ssh_host, port=node.ssh_port, user=node.ssh_user,
                                                         private_key=args.private_key, proxy=proxy)
-        # Its id, not its tag, feeds the containers: a new image under the same tag replaces them.
+        # Its id, not its tag, feeds the containers: a new image under the same tag replaces them. pulumi-docker
+        # reads the id again only on refresh, so that takes `pulumi up --refresh` (preflight shows the new id first).
         image = docker.RemoteImage(f"{name}-image", name=args.image, keep_locally=True,
                                    opts=pulumi.ResourceOptions(parent=self, provider=self.provider))
         self.image_id = image.image_id
