@@ -2,7 +2,8 @@
 
 `load()` reads everything once, before any resource is registered, and either returns a
 complete `Deployment` or raises one `ConfigError` naming the file, the key path, the value
-and what is accepted. Nothing else in the program reads config.
+and what is accepted. Only the secrets' values are taken from Pulumi again, by `__main__`, as secret
+outputs; `Deployment.secrets` says which ones are set.
 """
 
 from __future__ import annotations
