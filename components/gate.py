@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+from typing import Optional
+
 import pulumi
 import pulumi_command as command
 
@@ -11,14 +14,15 @@ from .remote import bounded, docker_exec, script
 REPORT_S = 90
 
 
-def gate(name: str, parent: pulumi.Resource, connection: command.remote.ConnectionArgs, container: str,
+def gate(name: str, parent: pulumi.Resource, connection: command.remote.ConnectionArgs, container: Optional[str],
          script_name: str, args: list[str], triggers: list, timeout_s: int) -> command.remote.Command:
-    """The script bounds its own wait with `timeout_s`; `timeout` on the node bounds the rest (SSH, docker exec)."""
+    """The script bounds its own wait with `timeout_s`; `timeout` on the node bounds the rest (SSH, docker exec).
+    It runs inside `container`, or on the node itself when that is None (it then sees the node's Docker)."""
+    argv = ["python3", "-", *args, f"--timeout={timeout_s}"]
     return command.remote.Command(
         name,
         connection=connection,
-        create=bounded(docker_exec(container, ["python3", "-", *args, f"--timeout={timeout_s}"]),
-                       timeout_s + REPORT_S),
+        create=bounded(docker_exec(container, argv) if container else shlex.join(argv), timeout_s + REPORT_S),
         stdin=script(script_name),
         triggers=triggers,
         add_previous_output_in_env=False,
