@@ -24,6 +24,7 @@ import pulumi
 
 from .config import ClusterSpec, Deployment, NodeSpec
 from .fabric_guard import chain_name, chain_prefix
+from .mp_rank import container_name as rank_container_name
 from .ray_node import container_name
 from .remote import script
 from .spark_node import ssh_argv
@@ -86,12 +87,20 @@ def guard_state(d: Deployment, facts: dict[str, dict], node: NodeSpec) -> Option
     return "stale" if hooked else "missing"
 
 
+def head_ports(cluster) -> dict[int, tuple[str, str]]:
+    """The fixed ports the head opens, with what holds them and their config key."""
+    if cluster.executor == "mp":
+        return {cluster.master_port: ("mp master", "mp.masterPort"), cluster.api_port: ("API", "api.port")}
+    return {cluster.ray_port: ("Ray GCS", "ray.port"), cluster.dashboard_port: ("dashboard", "ray.dashboardPort"),
+            cluster.api_port: ("API", "api.port")}
+
+
 def probe_spec(d: Deployment, node: NodeSpec) -> dict:
     cluster = d.cluster
     return {"iface": cluster.fabric_interface, "fabricIp": node.fabric_ip,
             "peers": {n.name: n.fabric_ip for n in cluster.nodes if n.name != node.name},
             "image": d.serve.image, "modelPath": d.serve.model_path,
-            "ports": [cluster.ray_port, cluster.dashboard_port, cluster.api_port] if node.head else [],
+            "ports": list(head_ports(cluster)) if node.head else [],
             "guard": {"script": script("fabric_guard.sh"), "prefix": chain_prefix(d.stack)}
             if cluster.fabric_guard else None,
             "gpuProbe": cluster.gpu_probe, "dockerGpus": cluster.docker_gpus, "hashWeights": d.preflight.hash_weights,
@@ -295,14 +304,25 @@ def check_runtime(d: Deployment, node: NodeSpec, f: dict) -> Finding:
         return Finding(node.name, "ray+vllm", "fail", f"python3 does not run in {d.serve.image}: {inside['error']}",
                        "use an image with python3, Ray and vLLM")
     problems = []
-    if "rayError" in inside:
+    mp = d.serve.executor == "mp"
+    if "rayError" in inside and not mp:
         problems.append((f"the image has no Ray ({inside['rayError']})",
-                         "add Ray to the image (`pip install ray[default]`); NGC vLLM images from 26.04 on lack it"))
+                         "use `executor: mp` (vLLM's own executor, no Ray), or an image with Ray "
+                         "(`pip install ray[default]`): NGC vLLM images from 26.04 on lack it"))
     if "vllmError" in inside:
         problems.append((f"the image has no working vLLM ({inside['vllmError']})", "use a vLLM image"))
+    elif mp and inside.get("serveNnodes") is False:
+        problems.append(("the image's `vllm serve` takes no --nnodes, so its vLLM cannot run the mp executor "
+                         "across nodes", "use a newer vLLM image, or `executor: ray` with an image that has Ray"))
     if problems:
         return Finding(node.name, "ray+vllm", "fail", "; ".join(p for p, _ in problems),
                        "; ".join(fix for _, fix in problems))
+    if mp and "serveNnodes" not in inside:
+        return _could_not(node.name, "ray+vllm", f"`vllm serve --help` did not run in the image "
+                                                 f"({inside.get('serveHelpError', 'no answer')})")
+    if mp:
+        return Finding(node.name, "ray+vllm", "ok", f"vllm {inside['vllm']}, `serve` takes --nnodes (mp: no Ray "
+                                                    "needed)")
     return Finding(node.name, "ray+vllm", "ok", f"ray {inside['ray']}, vllm {inside['vllm']}")
 
 
@@ -495,9 +515,9 @@ def check_ports(d: Deployment, node: NodeSpec, f: dict) -> Finding:
     if "unavailable" in ports:
         return _could_not(node.name, "ports", ports["unavailable"], "install iproute2 (ss) on the node")
     cluster = d.cluster
-    names = {cluster.ray_port: ("Ray GCS", "ray.port"), cluster.dashboard_port: ("dashboard", "ray.dashboardPort"),
-             cluster.api_port: ("API", "api.port")}
-    own_names = {container_name(d.stack, n) for n in cluster.nodes}
+    names = head_ports(cluster)
+    own_names = {name(d.stack, n) for n in cluster.nodes
+                 for name in (container_name, lambda stack, node: rank_container_name(stack, cluster, node))}
     status, reasons, fixes = "ok", [], []
     for port, (what, key) in names.items():
         state, label = ports[str(port)], f"{port} ({what})"
