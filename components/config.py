@@ -10,16 +10,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import yaml
-
-from .schema import ConfigError, Section
+from . import serve_flags, yaml_file
+from .schema import HIDDEN, ConfigError, Section, closest, did_you_mean
 
 NAMESPACE = "spark-vllm"
 SECRET_KEYS = ("apiKey", "hfToken")
+# Environment variables that would carry those secrets in plain text, in the containers' create inputs.
+PLAIN_SECRET_ENV = {"VLLM_API_KEY": "apiKey", "HF_TOKEN": "hfToken", "HUGGING_FACE_HUB_TOKEN": "hfToken"}
 # Env vars the program pins to the fabric on every node; user extras may not override them.
 PINNED_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME",
               "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR", "RAY_memory_monitor_refresh_ms",
@@ -161,8 +163,10 @@ LOAD_FORMATS = ("auto", "safetensors", "fastsafetensors", "runai_streamer", "pt"
 def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_dir: Path) -> Deployment:
     """Validates the stack's config (`spark-vllm:*` keys, already JSON-decoded) and the catalogs it names."""
     stack_file = f"Pulumi.{stack}.yaml"
+    _refuse_near_namespaces(config, stack_file)
     top = Section({k[len(NAMESPACE) + 1:]: v for k, v in config.items() if k.startswith(NAMESPACE + ":")},
                   stack_file, NAMESPACE, sep=":")
+    top.secret_keys = {*SECRET_KEYS, *(k[len(NAMESPACE) + 1:] for k in secret_keys if k.startswith(NAMESPACE + ":"))}
     catalog_name = top.str("catalog", "catalog")
     catalog_dir = project_dir / catalog_name
     cluster_name = top.str("cluster")
@@ -181,21 +185,13 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
         raise checks.error("syncWeights", True, "false while preflight.enabled is false",
                            "is true, but the sync acts on what preflight finds, and preflight is off")
     checks.done()
-    secrets = []
-    for key in SECRET_KEYS:
-        if top.has(key):
-            top.str(key, accepted="a secret string")
-            if f"{NAMESPACE}:{key}" not in secret_keys:
-                raise top.error(key, "(plain text)",
-                                f"a secret: run `pulumi config set --secret {NAMESPACE}:{key} <value>`",
-                                "is stored in plain text")
-            secrets.append(key)
+    secrets = [key for key in SECRET_KEYS if _secret(top, key, secret_keys)]
+    _refuse_flat_paths(top)
     top.done()
 
-    clusters = _catalog_entry(catalog_dir / "clusters.yaml", f"{catalog_name}/clusters.yaml", cluster_name,
-                              stack_file, "cluster")
+    clusters = _catalog_entry(catalog_dir, catalog_name, "clusters.yaml", cluster_name, stack_file, "cluster")
     cluster = _cluster(clusters, cluster_name)
-    preset = _catalog_entry(catalog_dir / "models.yaml", f"{catalog_name}/models.yaml", model_name, stack_file, "model")
+    preset = _catalog_entry(catalog_dir, catalog_name, "models.yaml", model_name, stack_file, "model")
     serve = _serve(preset, overrides, model_name)
     cluster = dataclasses.replace(cluster, executor=serve.executor)
 
@@ -210,38 +206,67 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
                       ssh_private_key=_read_key(cluster, clusters.file), preflight=preflight)
 
 
-def _catalog_entry(path: Path, shown: str, name: str, stack_file: str, what: str) -> Section:
-    """The entry `name` of a catalog file; `shown` is the file's name as errors print it."""
+def _refuse_near_namespaces(config: Mapping[str, Any], stack_file: str) -> None:
+    """`spark-vlm:cluster` is some other program's key to Pulumi, and would leave ours missing."""
+    for key in config:
+        namespace, _, rest = key.partition(":")
+        if rest and namespace != NAMESPACE and closest(namespace, [NAMESPACE]):
+            raise ConfigError(stack_file, key, None, f"keys under {NAMESPACE}:",
+                              f"is not a {NAMESPACE} key (did you mean {NAMESPACE}:{rest}?)")
+
+
+def _secret(top: Section, key: str, secret_keys: set[str]) -> bool:
+    """Whether the secret `key` (`apiKey`, `hfToken`) is set: with --secret, on one line, sendable in an HTTP header."""
+    value = top.str(key, None, accepted="a secret string")
+    if value is None:
+        return False
+    if f"{NAMESPACE}:{key}" not in secret_keys:
+        raise top.error(key, value, f"a secret: run `pulumi config set --secret {NAMESPACE}:{key} <value>`",
+                        "is stored in plain text")
+    if value != value.strip():
+        raise top.error(key, value, "a value without them: HTTP drops them from a header, so no client could send it",
+                        "starts or ends with a space")
+    return True
+
+
+def _refuse_flat_paths(top: Section) -> None:
+    """`pulumi config set spark-vllm:serve.maxModelLen 8192` without --path sets a key named `serve.maxModelLen`."""
+    for key in top.unknown():
+        if isinstance(key, str) and "." in key and key.split(".")[0] in top._read:
+            name, value = f"{NAMESPACE}:{key}", top.data[key]
+            again = "<value>" if top.shown(key, value) is HIDDEN else shlex.quote(str(value))
+            raise top.error(key, value, f"it set with --path: run `pulumi config rm {name}`, then "
+                                        f"`pulumi config set --path {name} {again}`",
+                            f"({top.shown(key, value)!r}) is not a known key: set without --path, the whole of "
+                            f"{key!r} is one key's name")
+
+
+def _catalog_entry(folder: Path, folder_name: str, file: str, name: str, stack_file: str, what: str) -> Section:
+    """The entry `name` of a catalog file, read as `folder_name/file` in errors."""
+    shown = f"{folder_name}/{file}"
     try:
-        text = path.read_text()
+        text = (folder / file).read_text()
     except OSError as e:
-        raise ConfigError(stack_file, f"{NAMESPACE}:catalog", str(path.parent), f"a folder holding {path.name}",
-                          f"names a folder where {path.name} cannot be read ({e.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = text.splitlines()[mark.line] if mark and mark.line < len(text.splitlines()) else ""
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
-        quoted = f" ({line.strip()!r})" if line.strip() else ""
-        raise ConfigError(shown, where, line, "valid YAML",
-                          f"{quoted} is not valid YAML: {getattr(e, 'problem', None) or e}") from None
+        raise ConfigError(stack_file, f"{NAMESPACE}:catalog", folder_name, f"a folder holding {file}",
+                          f"is {folder_name!r}, where {file} cannot be read ({e.strerror})") from None
+    data = yaml_file.load(text, shown)
     catalog = Section(data if data is not None else {}, shown, "")
     if not catalog.has(name):
         raise ConfigError(stack_file, f"{NAMESPACE}:{what}", name,
-                          f"a {what} defined in {shown}: " + (", ".join(sorted(map(str, catalog.data))) or "none"))
+                          f"a {what} defined in {shown}: " + (", ".join(sorted(map(str, catalog.data))) or "none"),
+                          f"is {name!r}" + did_you_mean(name, catalog.data))
     return catalog.section(name)
 
 
 def _cluster(c: Section, name: str) -> ClusterSpec:
     ssh = c.section("ssh")
-    user = ssh.str("user", "root")
+    user = ssh.user("user", "root")
     ssh_spec = SshSpec(key_file=ssh.str("keyFile", None), known_hosts_file=ssh.str("knownHostsFile", None),
                        strict_host_key_checking=ssh.choice("strictHostKeyChecking", ("yes", "accept-new", "no"),
                                                            "accept-new"),
                        control_persist_s=ssh.int("controlPersistSeconds", 60, lo=0, hi=24 * 3600))
     ssh.done()
-    fabric_interface = c.str("fabricInterface")
+    fabric_interface = c.interface("fabricInterface")
     ray = c.section("ray")
     ray_port = ray.port("port", 6379)
     dashboard_port = ray.port("dashboardPort", 8265)
@@ -255,19 +280,15 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
     master_port = mp.port("masterPort", 29501)
     mp.done()
     docker = c.section("docker")
-    docker_gpus = docker.str("gpus", "all", accepted="'all', 'none', or a docker --gpus value")
+    docker_gpus = docker.gpus("gpus", "all")
     rdma = docker.bool("rdma", True)
     shm_size_mb = docker.int("shmSizeMb", 10240, lo=64, hi=1 << 20)
     limits = docker.section("ulimits")
     ulimits = {name: limits.int(name, default, lo=-1, hi=1 << 62) for name, default in DEFAULT_ULIMITS.items()}
     limits.done()
     docker.done()
-    env = c.str_map("env", {})
-    for key in env:
-        if key in PINNED_ENV:
-            raise c.error(f"env.{key}", env[key], "no value here: spark-vllm pins it to each node's fabric address",
-                          "overrides a pinned variable")
-    hf_cache = c.str("hfCache", "/root/.cache/huggingface")
+    env = _env(c, "each node's fabric address")
+    hf_cache = c.abs_path("hfCache", "/root/.cache/huggingface")
     api = c.section("api")
     api_bind = api.ipv4("bind", "0.0.0.0")
     api_port = api.port("port", 8000)
@@ -301,15 +322,26 @@ def _node(n: Section, default_user: str) -> NodeSpec:
     role = n.choice("role", ("head", "worker"), "worker")
     ssh = n.section("ssh", required=True)
     spec = NodeSpec(name=name, head=role == "head", ssh_host=ssh.host("host"), ssh_port=ssh.port("port", 22),
-                    ssh_user=ssh.str("user", default_user), via=ssh.name("via", None), fabric_ip=n.ipv4("fabricIp"),
-                    env=n.str_map("env", {}))
+                    ssh_user=ssh.user("user", default_user), via=ssh.name("via", None), fabric_ip=n.ipv4("fabricIp"),
+                    env=_env(n, "the node's fabric address"))
     ssh.done()
-    for key in spec.env:
-        if key in PINNED_ENV:
-            raise n.error(f"env.{key}", spec.env[key], "no value here: spark-vllm pins it to the node's fabric address",
-                          "overrides a pinned variable")
     n.done()
     return spec
+
+
+def _env(s: Section, pinned_to: str) -> dict[str, str]:
+    """A cluster's or a node's extra environment: neither a pinned variable nor a secret in plain text."""
+    env = s.env("env", {})
+    for key, value in env.items():
+        if key in PINNED_ENV:
+            raise s.error(f"env.{key}", value, f"no value here: spark-vllm pins it to {pinned_to}",
+                          f"is {value!r}, which would override a variable spark-vllm pins")
+        if key in PLAIN_SECRET_ENV:
+            secret = PLAIN_SECRET_ENV[key]
+            raise s.error(f"env.{key}", value, f"no {key} here: run `pulumi config set --secret {NAMESPACE}:{secret} "
+                                               f"<value>`, which reaches vLLM alone, never in plain text",
+                          "would put a secret into the containers' environment, in plain text in the state")
+    return env
 
 
 def _check_nodes(c: Section, nodes: list[NodeSpec]) -> None:
@@ -318,25 +350,38 @@ def _check_nodes(c: Section, nodes: list[NodeSpec]) -> None:
     for i, node in enumerate(nodes):
         if node.name in seen_names:
             raise c.error(f"nodes[{i}].name", node.name, "a name used by no other node",
-                          f"repeats the name of nodes[{seen_names[node.name]}]")
+                          f"is {node.name!r}, the name of nodes[{seen_names[node.name]}] too")
         if node.fabric_ip in seen_ips:
+            j = seen_ips[node.fabric_ip]
             raise c.error(f"nodes[{i}].fabricIp", node.fabric_ip, "a fabric IP used by no other node",
-                          f"repeats the fabric IP of nodes[{seen_ips[node.fabric_ip]}]")
+                          f"is {node.fabric_ip!r}, the fabric IP of nodes[{j}] ({nodes[j].name}) too")
         seen_names[node.name], seen_ips[node.fabric_ip] = i, i
     heads = [i for i, n in enumerate(nodes) if n.head]
     if len(heads) != 1:
         raise c.error("nodes", [nodes[i].name for i in heads], "exactly one node with `role: head`",
                       f"has {len(heads)} head nodes" + (f" ({', '.join(nodes[i].name for i in heads)})" if heads else ""))
-    for i, node in enumerate(nodes):
-        if node.via is None:
-            continue
-        accepted = "the name of another node that is reached directly: " + ", ".join(
-            n.name for n in nodes if n.via is None and n.name != node.name)
+    via = {n.name: n.via for n in nodes}
+    others = {n.name: [m for m, hop in via.items() if hop is None and m != n.name] for n in nodes}
+    jumps = [(i, n) for i, n in enumerate(nodes) if n.via is not None]
+
+    def refuse(i: int, node: NodeSpec, problem: str) -> ConfigError:
+        return c.error(f"nodes[{i}].ssh.via", node.via, "the name of a node reached directly, without ssh.via: "
+                       + ", ".join(others[node.name]) if others[node.name] else "the name of a node reached directly, "
+                       "but no other node is: reach one without ssh.via", f"is {node.via!r}, {problem}")
+
+    for i, node in jumps:
         if node.via == node.name:
-            raise c.error(f"nodes[{i}].ssh.via", node.via, accepted, "names the node itself")
-        jump = seen_names.get(node.via)
-        if jump is None or nodes[jump].via is not None:
-            raise c.error(f"nodes[{i}].ssh.via", node.via, accepted)
+            raise refuse(i, node, "the node itself")
+        if node.via not in via:
+            raise refuse(i, node, "which is no node's name" + did_you_mean(node.via, others[node.name]))
+    for i, node in jumps:
+        hops = [node.name, node.via]
+        while via[hops[-1]] is not None and hops[-1] not in hops[:-1]:
+            hops.append(via[hops[-1]])
+        if hops[-1] in hops[:-1]:
+            raise refuse(i, node, f"a cycle of jump hosts ({' -> '.join(hops[hops.index(hops[-1]):])})")
+        if len(hops) > 2:
+            raise refuse(i, node, f"which is itself reached via {via[node.via]} (one jump host at most)")
 
 
 def _check_ports(c: Section, ports: dict[str, int], worker_ports: tuple[int, int]) -> None:
@@ -360,10 +405,7 @@ def _serve(preset: Section, overrides: Section, model_name: str) -> ServeSpec:
         preset._read.add(key)
         return overrides if overrides.has(key) else preset
 
-    path = pick("path").str("path")
-    if not path.startswith("/"):
-        raise pick("path").error("path", path, "an absolute path to the weights on every node")
-    spec = ServeSpec(model=model_name, image=pick("image").str("image"), model_path=path,
+    spec = ServeSpec(model=model_name, image=pick("image").image("image"), model_path=pick("path").abs_path("path"),
                      served_name=pick("servedName").str("servedName", model_name),
                      tensor_parallel=pick("tensorParallel").int("tensorParallel", 1, lo=1, hi=64),
                      pipeline_parallel=pick("pipelineParallel").int("pipelineParallel", 1, lo=1, hi=64),
@@ -372,13 +414,44 @@ def _serve(preset: Section, overrides: Section, model_name: str) -> ServeSpec:
                      enforce_eager=pick("enforceEager").bool("enforceEager", True),
                      load_format=pick("loadFormat").choice("loadFormat", LOAD_FORMATS, "auto"),
                      max_num_seqs=pick("maxNumSeqs").int("maxNumSeqs", None, lo=1, hi=65536),
-                     extra_args=pick("extraArgs").str_list("extraArgs", ()),
+                     extra_args=_extra_args(pick("extraArgs")),
                      drop_page_cache=pick("dropPageCache").bool("dropPageCache", False),
                      executor=pick("executor").choice("executor", EXECUTORS, "ray"))
     preset.done()
     overrides._read |= preset._read  # the stack may override any preset key
     overrides.done()
     return spec
+
+
+def _extra_args(s: Section) -> tuple[str, ...]:
+    """More `vllm serve` flags, each a whole list item; none that spark-vllm sets itself, none that carries a secret."""
+    args = s.str_list("extraArgs", ())
+    for i, arg in enumerate(args):
+        key = f"extraArgs[{i}]"
+        if arg == "" or "\0" in arg:
+            raise s.error(key, arg, "a flag or a value",
+                          "is empty" if arg == "" else f"is {arg!r}, with a NUL character")
+        name = arg.split("=", 1)[0]
+        if arg.strip().startswith("-") and name != "".join(name.split()):
+            raise s.error(key, arg, "one flag an item, its value in the next item or after `=`, such as "
+                                    "['--max-num-batched-tokens', '8192']",
+                          f"is {arg!r}, with a space in the flag, so vLLM reads it as one unknown word")
+        flag = serve_flags.flag(arg)
+        if flag in serve_flags.SECRET:
+            secret = serve_flags.SECRET[flag]
+            raise s.error(key, serve_flags.shown(arg),
+                          f"no {flag} here: run `pulumi config set --secret {NAMESPACE}:{secret} <value>`, which "
+                          "reaches vLLM in its environment, never on a command line",
+                          f"is {serve_flags.shown(arg)!r}, which would put a secret on the serve's command line, in "
+                          "plain text in the state")
+        if flag is not None:
+            source = serve_flags.OWNED[flag]
+            read_as = "" if arg.split("=", 1)[0] == flag else f" (vLLM reads it as {flag})"
+            raise s.error(key, arg, f"no {flag} in extraArgs" + (f": set {source} instead" if source else ""),
+                          f"is {arg!r}{read_as}: spark-vllm sets {flag} "
+                          + (f"from {source}" if source else "itself, to run vLLM across its nodes")
+                          + ", and vLLM keeps the last of a repeated flag")
+    return args
 
 
 def _read_key(cluster: ClusterSpec, clusters_file: str) -> Optional[str]:
@@ -390,8 +463,7 @@ def _read_key(cluster: ClusterSpec, clusters_file: str) -> Optional[str]:
     except OSError as e:
         raise ConfigError(clusters_file, f"{cluster.name}.ssh.keyFile", cluster.ssh.key_file,
                           "a readable SSH private key file (or leave it out to use the ssh agent)",
-                          f"cannot be read ({e.strerror})") from None
-
+                          f"is {cluster.ssh.key_file!r}, which cannot be read ({e.strerror})") from None
 
 
 def from_pulumi(project_dir: Path) -> Deployment:

@@ -37,9 +37,10 @@ def guard_command(node: NodeSpec, *args: str) -> str:
     run = shlex.join(["sh", "-c", script("fabric_guard.sh"), "fabric-guard", *args])
     if node.ssh_user == "root":
         return run
-    return (f"if ! sudo -n true 2>/dev/null; then echo 'fabric guard on {node.name}: {node.ssh_user} cannot run "
-            f"sudo without a password; allow it (iptables needs root) or set ray.fabricGuard: false' >&2; exit 4; fi;"
-            f" sudo -n {run}")
+    refusal = (f"fabric guard on {node.name}: {node.ssh_user} cannot run sudo without a password; allow it (iptables "
+               "needs root) or set ray.fabricGuard: false")
+    # Quoted whatever the names hold, and printed with printf: dash's echo would read backslashes in them.
+    return f"if ! sudo -n true 2>/dev/null; then printf '%s\\n' {shlex.quote(refusal)} >&2; exit 4; fi; sudo -n {run}"
 
 
 @dataclass

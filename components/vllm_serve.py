@@ -7,6 +7,7 @@ the serve, and never on a no-op.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import shlex
 from dataclasses import dataclass, field
@@ -45,8 +46,9 @@ def serve_argv(serve: ServeSpec, cluster: ClusterSpec) -> list[str]:
 
 
 def start_script(env: Mapping[str, str]) -> str:
-    """The launcher with the secret env file inlined; the result is a secret whenever any value is."""
-    lines = "\n".join(f"{SECRET_ENV[key]}={shlex.quote(value)}" for key, value in sorted(env.items()))
+    """The launcher with the secrets inlined, base64-encoded; the result is a secret whenever any value is."""
+    lines = "\n".join(f"{SECRET_ENV[key]} {base64.b64encode(value.encode()).decode()}"
+                      for key, value in sorted(env.items()))
     return script("serve_start.sh").replace("@ENV@", lines)
 
 

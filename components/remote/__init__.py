@@ -18,7 +18,6 @@ def docker_exec(container: str, argv: list[str]) -> str:
     return shlex.join(["docker", "exec", "-i", container, *argv])
 
 
-
 def bounded(command: str, seconds: int) -> str:
     """`command` killed after `seconds` on the node: pulumi-command enforces no timeout (its session ignores
     customTimeouts and Ctrl-C), so a hung SSH session or `docker exec` would otherwise wait forever."""

@@ -108,12 +108,15 @@ def test_ray_change_replaces_everything_in_order(stack):
                                                                                    "delete-replaced"))
         assert new < replaced.index(("create-replacement", "ray-head-container")) and new < old, replaced
     order = [(op, name) for op, name in replaced if not name.startswith("fabric-guard")]
-    # Fixed names and ports are deleted before anything is created, dependents first (delete_before_replace
-    # takes what stands on the head down with it); then everything is created in dependency order.
+    # Fixed names and ports: everything is deleted before anything is created. The worker goes before the head
+    # (replace_with), the serve chain top down; then everything is created in dependency order.
     first_create = next(i for i, (op, _) in enumerate(order) if op == "create-replacement")
-    assert [name for _, name in order[:first_create]] == [
-        "serve-ready-gate", "vllm-serve-process", "cluster-ready-gate", "ray-worker-node2-container",
-        "ray-head-container"], order
+    deleted = [name for _, name in order[:first_create]]
+    assert sorted(deleted) == sorted(["serve-ready-gate", "vllm-serve-process", "cluster-ready-gate",
+                                      "ray-worker-node2-container", "ray-head-container"]), order
+    assert deleted[-1] == "ray-head-container", order
+    assert deleted.index("serve-ready-gate") < deleted.index("vllm-serve-process") \
+        < deleted.index("cluster-ready-gate"), order
     creates = [name for op, name in order if op == "create-replacement"]
     assert creates == ["ray-head-container", "ray-worker-node2-container", "cluster-ready-gate",
                        "vllm-serve-process", "serve-ready-gate"], order
@@ -137,8 +140,9 @@ def test_missing_model_path_fails_fast_naming_node_and_path_then_converges(stack
     stack.set_config("serve.path", "/models/nope")
     run = stack.up(check=False)
     assert run.returncode != 0 and run.seconds < 120
-    # The weights are mounted into the Ray containers, so Docker refuses first, naming the node.
-    assert "ssh://root@172.29.87.11" in run.output and "bind source path does not exist: /models/nope" in run.output
+    # The weights are mounted into the Ray containers, so Docker refuses first, on the head's container.
+    assert "docker:index:Container (ray-head-container)" in run.output, run.output
+    assert "bind source path does not exist: /models/nope" in run.output
     stack.pulumi("config", "rm", "--path", "spark-vllm:serve.path", check=True)
     preflight_on(stack)
     stack.up()

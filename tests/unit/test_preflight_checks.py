@@ -114,11 +114,12 @@ def test_preflight_is_on_by_default_with_its_settings_validated(tmp_path):
                                                sync_timeout_s=3600)
     assert d.cluster.gpu_probe is None
     for bad, message in [
-        ({"enabled": "yes"}, "spark-vllm:preflight.enabled is 'yes'; expected true or false."),
+        ({"enabled": "maybe"}, "spark-vllm:preflight.enabled is 'maybe'; expected true or false."),
         ({"timeoutSeconds": 1}, "spark-vllm:preflight.timeoutSeconds is 1; expected a whole number from 5 to 14400."),
-        ({"hashWeight": True}, "spark-vllm:preflight.hashWeight (True) is not a known key; expected one of the known "
-                               "keys: enabled, hashWeights, syncTimeoutSeconds, syncWeights, timeoutSeconds."),
-        ({"syncWeights": "on"}, "spark-vllm:preflight.syncWeights is 'on'; expected true or false."),
+        ({"hashWeight": True}, "spark-vllm:preflight.hashWeight (True) is not a known key (did you mean hashWeights?); "
+                               "expected one of the known keys: enabled, hashWeights, syncTimeoutSeconds, syncWeights, "
+                               "timeoutSeconds."),
+        ({"syncWeights": "later"}, "spark-vllm:preflight.syncWeights is 'later'; expected true or false."),
         ({"syncWeights": True, "syncTimeoutSeconds": 5},
          "spark-vllm:preflight.syncTimeoutSeconds is 5; expected a whole number from 10 to 86400."),
         ({"enabled": False, "syncWeights": True},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -80,7 +81,8 @@ def test_each_nodes_guard_goes_in_before_its_ray_container(rec, tmp_path):
         assert guard.inputs["connection"]["value"]["host"] == host
         create = guard.inputs["create"]
         ports = "6379 8265 6380 6381 6382 52365 10001 44217 44227 10002:19999 ephemeral"
-        assert create.startswith(f"if ! sudo -n true 2>/dev/null; then echo 'fabric guard on {node}: nvidia cannot")
+        assert create.startswith(f"if ! sudo -n true 2>/dev/null; then printf '%s\\n' 'fabric guard on {node}: nvidia "
+                                 "cannot")
         assert create.endswith(f"fabric-guard apply {chain} enp1s0f1np1 'spark-vllm stack test' {ports}")
         assert guard.inputs["delete"].endswith(f"fabric-guard remove {chain}")
         # Unknown state (preflight off here): nothing forces a re-apply, so a no-op stays a no-op.
@@ -255,7 +257,8 @@ def test_secrets_never_appear_in_plain_inputs(rec):
                 assert secret not in text, f"{secret!r} in plain input of {reg.name}"
     serve = rec.by_name("vllm-serve-process").inputs
     assert serve["stdin"].get("value") is not None and plain_strings(serve["stdin"]) == []
-    assert API_KEY in serve["stdin"]["value"]  # delivered, inside the secret, to the env file
+    # Delivered inside the secret, base64-encoded for the launcher (tests/unit/test_shell_injection.py runs it).
+    assert base64.b64encode(API_KEY.encode()).decode() in serve["stdin"]["value"]
     connection = rec.by_name("vllm-serve-process").inputs["connection"]
     assert plain_strings(connection) == [] and connection["value"]["privateKey"] == KEY
 

@@ -14,7 +14,6 @@ import pytest
 
 from components.remote import cluster_ready
 from components.remote.serve_ready import shard_progress
-from components.vllm_serve import start_script
 
 SERVE_READY = Path(cluster_ready.__file__).with_name("serve_ready.py")
 EXPECTED = {"spark1": "192.168.200.1", "spark2": "192.168.200.2"}
@@ -105,26 +104,6 @@ def test_serve_ctl_counts_a_zombie_as_dead(tmp_path):
     alive = subprocess.run(["sh", "-c", ctl, "serve-ctl", "alive", str(pid_file)], capture_output=True, text=True)
     assert alive.returncode != 0 and alive.stdout == ""
     child.wait()
-
-
-def test_serve_ready_reads_back_a_quoted_api_key(tmp_path):
-    from components.remote.serve_ready import api_key
-
-    value = "it's a $key"
-    env_file = tmp_path / "serve.env"
-    env_file.write_text(start_script({"apiKey": value}).split("<<'SPARK_VLLM_ENV'\n", 1)[1].split("\n", 1)[0] + "\n")
-    assert api_key(str(env_file)) == value
-
-
-def test_secret_env_survives_shell_quoting(tmp_path):
-    value = "it's a \"key\" with $dollars and `ticks`"
-    script = start_script({"apiKey": value, "hfToken": "hf_abc"})
-    body = script.split("<<'SPARK_VLLM_ENV'\n", 1)[1].split("\nSPARK_VLLM_ENV\n", 1)[0]
-    env_file = tmp_path / "serve.env"
-    env_file.write_text(body + "\n")
-    out = subprocess.run(["sh", "-c", f'set -a; . {env_file}; printf %s "$VLLM_API_KEY|$HF_TOKEN"'],
-                         capture_output=True, text=True, check=True).stdout
-    assert out == f"{value}|hf_abc"
 
 
 class FakeVllm:
