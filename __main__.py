@@ -7,21 +7,20 @@ from pathlib import Path
 import pulumi
 
 from components import config, preflight
-from components.cluster_ready import ClusterReady, ClusterReadyArgs
 from components.fabric_guard import FabricGuard, FabricGuardArgs
+from components.gate import Gate, GateArgs
+from components.gate_args import cluster_ready_args, rank_ready_args, serve_ready_args
 from components.mp_rank import MpRank, MpRankArgs, ranks_digest
-from components.ranks_ready import RanksReady, RanksReadyArgs
 from components.ray_node import RayNode, RayNodeArgs
-from components.serve_ready import ServeReady, ServeReadyArgs
 from components.spark_node import SparkNode, SparkNodeArgs
 from components.vllm_serve import VllmServe, VllmServeArgs, page_cache_drops
 from components.weights_sync import WeightsSync, WeightsSyncArgs
 
-d = config.from_pulumi(Path(__file__).parent)
-facts = preflight.run(d)  # before any resource: a failed check leaves the stack as it was
-cluster, serve = d.cluster, d.serve
+deployment = config.from_pulumi(Path(__file__).parent)
+facts = preflight.run(deployment)  # before any resource: a failed check leaves the stack as it was
+cluster, serve = deployment.cluster, deployment.serve
 stack_config = pulumi.Config(config.NAMESPACE)
-private_key = pulumi.Output.secret(d.ssh_private_key) if d.ssh_private_key else None
+private_key = pulumi.Output.secret(deployment.ssh_private_key) if deployment.ssh_private_key else None
 
 sparks = {
     node.name: SparkNode(node.name, SparkNodeArgs(node=node, ssh=cluster.ssh, image=serve.image,
@@ -31,46 +30,50 @@ sparks = {
 }
 guards = {
     node.name: FabricGuard(f"fabric-guard-{node.name}", FabricGuardArgs(
-        stack=d.stack, cluster=cluster, node=node, connection=sparks[node.name].connection,
-        found=preflight.guard_state(d, facts, node)))
+        stack=deployment.stack, cluster=cluster, node=node, connection=sparks[node.name].connection,
+        found=preflight.guard_found(deployment, facts, node)))
     for node in cluster.nodes if cluster.fabric_guard
 }
 head_spark = sparks[cluster.head.name]
 sync = WeightsSync("weights-sync", WeightsSyncArgs(
-    cluster=cluster, serve=serve, checks=d.preflight, facts=facts, connection=head_spark.connection,
-    private_key=private_key)) if d.preflight.sync_weights else None
+    cluster=cluster, serve=serve, preflight=deployment.preflight, facts=facts, connection=head_spark.connection,
+    private_key=private_key)) if deployment.preflight.sync_weights else None
+# The gates were two component types before they were one: the aliases keep existing stacks' gates in place.
+SERVE_READY_ALIAS = pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ServeReady")])
 
 
 def ray_engine():
     """Ray: a `ray start` container a node, Ray's own gate, then `vllm serve` in the head's container."""
-    head = RayNode("ray-head", RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=cluster.head,
+    head = RayNode("ray-head", RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head,
                                            spark=head_spark, guard=guards.get(cluster.head.name)))
     workers = {
         node.name: RayNode(f"ray-worker-{node.name}",
-                           RayNodeArgs(stack=d.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name],
-                                       head=head, guard=guards.get(node.name),
+                           RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=node,
+                                       spark=sparks[node.name], head=head, guard=guards.get(node.name),
                                        weights_synced=sync.synced[node.name] if sync else None))
         for node in cluster.workers
     }
-    cluster_ready = ClusterReady("cluster-ready", ClusterReadyArgs(
-        cluster=cluster, connection=head_spark.connection, head_container=head.container_name,
-        container_ids=[head.container_id, *(w.container_id for w in workers.values())],
-        timeout_s=d.cluster_ready_timeout_s))
-    vllm = VllmServe("vllm-serve", VllmServeArgs(
+    cluster_ready = Gate("cluster-ready", GateArgs(
+        connection=head_spark.connection, container=head.container_name, script="cluster_ready.py",
+        args=cluster_ready_args(cluster), triggers=[head.container_id, *(w.container_id for w in workers.values())],
+        timeout_s=deployment.cluster_ready_timeout_s),
+        opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ClusterReady")]))
+    serve_process = VllmServe("vllm-serve", VllmServeArgs(
         cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
         cluster_ready_id=cluster_ready.ready_id,
-        secrets={key: stack_config.require_secret(key) for key in d.secrets},
+        secrets={key: stack_config.require_secret(key) for key in deployment.secrets},
         nodes={name: spark.connection for name, spark in sparks.items()}))
-    serve_ready = ServeReady("serve-ready", ServeReadyArgs(
-        cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
-        serve_id=vllm.serve_id, timeout_s=d.serve_ready_timeout_s))
+    serve_ready = Gate("serve-ready", GateArgs(
+        connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
+        args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],
+        timeout_s=deployment.serve_ready_timeout_s), opts=SERVE_READY_ALIAS)
     return {cluster.head.name: head.container_id, **{n: w.container_id for n, w in workers.items()}}, serve_ready
 
 
 def mp_engine():
     """mp: a `vllm serve --node-rank k` container a node, every rank restarting together; a gate a node (its rank
-    reaches the master), then the head's serve gate."""
-    secrets = {key: stack_config.require_secret(key) for key in d.secrets}
+    reaches the master), then the serve gate on the head, run on the node beside rank 0."""
+    secrets = {key: stack_config.require_secret(key) for key in deployment.secrets}
     keys = sorted(secrets)
     # Every rank's settings, the images and the secrets: a change of any restarts all ranks together.
     digest = pulumi.Output.all(*(s.image_id for s in sparks.values()), *(secrets[k] for k in keys)).apply(
@@ -78,22 +81,25 @@ def mp_engine():
     drops = page_cache_drops("mp-serve", None, {n: s.connection for n, s in sparks.items()},
                              [digest]) if serve.drop_page_cache else []
     head = MpRank(f"vllm-rank-{cluster.head.name}", MpRankArgs(
-        stack=d.stack, cluster=cluster, serve=serve, node=cluster.head, spark=head_spark, digest=digest,
+        stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head, spark=head_spark, digest=digest,
         secrets=secrets, depends_on=(guards.get(cluster.head.name), *drops)))
     ranks = {cluster.head.name: head, **{
         node.name: MpRank(f"vllm-rank-{node.name}", MpRankArgs(
-            stack=d.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name], digest=digest,
+            stack=deployment.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name], digest=digest,
             head=head, depends_on=(guards.get(node.name), sync.synced[node.name] if sync else None, *drops)))
         for node in cluster.workers}}
     ids = [rank.container_id for rank in ranks.values()]
-    ranks_ready = RanksReady("ranks-ready", RanksReadyArgs(
-        cluster=cluster, connections={n: s.connection for n, s in sparks.items()},
-        containers={n: r.container_name for n, r in ranks.items()}, container_ids=ids,
-        timeout_s=d.cluster_ready_timeout_s))
-    serve_ready = ServeReady("serve-ready", ServeReadyArgs(
-        cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
-        serve_id=head.container_id, timeout_s=d.serve_ready_timeout_s, rank0=True,
-        triggers=ranks_ready.ready_ids))
+    # Without these, a rank that cannot reach the master (the seed's c10d failure: the master on the head's
+    # management address) would show only as a head that never loads, until the serve gate's long bound.
+    ranks_ready = [Gate(f"ranks-ready-{name}", GateArgs(
+        connection=sparks[name].connection, container=None, script="rank_ready.py",
+        args=rank_ready_args(cluster, name, rank.container_name), triggers=ids,
+        timeout_s=deployment.cluster_ready_timeout_s)) for name, rank in ranks.items()]
+    serve_ready = Gate("serve-ready", GateArgs(
+        connection=head_spark.connection, container=None, script="serve_ready.py",
+        args=serve_ready_args(cluster, serve, rank0=head.container_name),
+        triggers=[head.container_id, *(gate.ready_id for gate in ranks_ready)],
+        timeout_s=deployment.serve_ready_timeout_s), opts=SERVE_READY_ALIAS)
     return {name: rank.container_id for name, rank in ranks.items()}, serve_ready
 
 

@@ -3,14 +3,12 @@ program on the same backend. Per-step times come from the engine's event log, st
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import timing
+from labstack import LabStack
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-from stack import LabStack  # noqa: E402  (the e2e suite's driver: private project copy, backend, stack init)
 
 SKIPPED_TYPES = ("pulumi:pulumi:Stack", "spark-vllm:index:")  # the stack and components: no work of their own
 

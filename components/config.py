@@ -90,6 +90,14 @@ class ClusterSpec:
         return next(n for n in self.nodes if n.name == name)
 
     @property
+    def head_ports(self) -> dict[int, tuple[str, str]]:
+        """The fixed ports the head opens, with what holds them and their config key."""
+        if self.executor == "mp":
+            return {self.master_port: ("mp master", "mp.masterPort"), self.api_port: ("API", "api.port")}
+        return {self.ray_port: ("Ray GCS", "ray.port"), self.dashboard_port: ("dashboard", "ray.dashboardPort"),
+                self.api_port: ("API", "api.port")}
+
+    @property
     def guarded_ports(self) -> list[str]:
         """Every TCP port Ray listens on, as iptables --dport values ("6379", "10002:19999"); "ephemeral" is the
         node's own ip_local_port_range, where the raylet's random ports are. With mp: the master port, and the
@@ -167,8 +175,9 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
     top = Section({k[len(NAMESPACE) + 1:]: v for k, v in config.items() if k.startswith(NAMESPACE + ":")},
                   stack_file, NAMESPACE, sep=":")
     top.secret_keys = {*SECRET_KEYS, *(k[len(NAMESPACE) + 1:] for k in secret_keys if k.startswith(NAMESPACE + ":"))}
+    # A site keeps its catalogs outside the checkout: an absolute path, or one under ~; relative to the project.
     catalog_name = top.str("catalog", "catalog")
-    catalog_dir = project_dir / catalog_name
+    catalog_dir = project_dir / Path(catalog_name).expanduser()
     cluster_name = top.str("cluster")
     model_name = top.str("model")
     overrides = top.section("serve")
@@ -375,13 +384,13 @@ def _check_nodes(c: Section, nodes: list[NodeSpec]) -> None:
         if node.via not in via:
             raise refuse(i, node, "which is no node's name" + did_you_mean(node.via, others[node.name]))
     for i, node in jumps:
-        hops = [node.name, node.via]
-        while via[hops[-1]] is not None and hops[-1] not in hops[:-1]:
-            hops.append(via[hops[-1]])
+        hops = [node.name, str(node.via)]  # every node in `jumps` has a via
+        while (hop := via[hops[-1]]) is not None and hops[-1] not in hops[:-1]:
+            hops.append(hop)
         if hops[-1] in hops[:-1]:
             raise refuse(i, node, f"a cycle of jump hosts ({' -> '.join(hops[hops.index(hops[-1]):])})")
         if len(hops) > 2:
-            raise refuse(i, node, f"which is itself reached via {via[node.via]} (one jump host at most)")
+            raise refuse(i, node, f"which is itself reached via {via[hops[1]]} (one jump host at most)")
 
 
 def _check_ports(c: Section, ports: dict[str, int], worker_ports: tuple[int, int]) -> None:

@@ -12,7 +12,8 @@ import hashlib
 import shlex
 import uuid
 from dataclasses import dataclass
-from typing import Optional
+from enum import Enum
+from typing import Optional, Sequence
 
 import pulumi
 import pulumi_command as command
@@ -32,6 +33,22 @@ def chain_name(stack: str, cluster: ClusterSpec) -> str:
     return chain_prefix(stack) + hashlib.sha256(spec.encode()).hexdigest()[:8]
 
 
+class GuardState(Enum):
+    """The guard on a node as found there."""
+    IN_PLACE = "in place"  # this stack's current chain is hooked into INPUT
+    STALE = "stale"  # only chains of this stack's other (older) rules are
+    MISSING = "missing"  # no chain of this stack is
+
+
+def guard_state(stack: str, cluster: ClusterSpec, hooked: Optional[Sequence[str]]) -> Optional[GuardState]:
+    """The state from the stack's chains hooked into INPUT (fabric_guard.sh `list`); None when they are unknown."""
+    if hooked is None:
+        return None
+    if chain_name(stack, cluster) in hooked:
+        return GuardState.IN_PLACE
+    return GuardState.STALE if hooked else GuardState.MISSING
+
+
 def guard_command(node: NodeSpec, *args: str) -> str:
     """A shell command running the guard script as root: via `sudo -n` for another SSH user, with a plain error."""
     run = shlex.join(["sh", "-c", script("fabric_guard.sh"), "fabric-guard", *args])
@@ -49,7 +66,7 @@ class FabricGuardArgs:
     cluster: ClusterSpec
     node: NodeSpec
     connection: command.remote.ConnectionArgs  # of this node
-    found: Optional[str]  # preflight's finding (preflight.guard_state): "in place", "stale", "missing"; None: unknown
+    found: Optional[GuardState]  # as preflight found it (guard_state); None: unknown
 
 
 class FabricGuard(pulumi.ComponentResource):
@@ -65,7 +82,7 @@ class FabricGuard(pulumi.ComponentResource):
     def __init__(self, name: str, args: FabricGuardArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:FabricGuard", name, None, opts)
         chain, ports = chain_name(args.stack, args.cluster), args.cluster.guarded_ports
-        missing = args.found == "missing"
+        missing = args.found is GuardState.MISSING
         rules = command.remote.Command(
             f"{name}-rules",
             connection=args.connection,

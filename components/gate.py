@@ -1,9 +1,15 @@
-"""A readiness gate: a Python script run inside the Ray head container, again whenever what it checks changes."""
+"""A readiness gate: a Python script run inside a container on a node, again whenever its triggers change.
+
+Every gate of a deployment is this component with other arguments (components/gate_args.py). With Ray: the
+cluster-ready gate between the Ray containers and `vllm serve`, and the serve-ready gate after it. With mp: a
+rank-ready gate a node (its rank reaches the master), then the serve-ready gate on rank 0.
+"""
 
 from __future__ import annotations
 
 import shlex
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import pulumi
 import pulumi_command as command
@@ -14,16 +20,36 @@ from .remote import bounded, docker_exec, script
 REPORT_S = 90
 
 
-def gate(name: str, parent: pulumi.Resource, connection: command.remote.ConnectionArgs, container: Optional[str],
-         script_name: str, args: list[str], triggers: list, timeout_s: int) -> command.remote.Command:
-    """The script bounds its own wait with `timeout_s`; `timeout` on the node bounds the rest (SSH, docker exec).
-    It runs inside `container`, or on the node itself when that is None (it then sees the node's Docker)."""
-    argv = ["python3", "-", *args, f"--timeout={timeout_s}"]
-    return command.remote.Command(
-        name,
-        connection=connection,
-        create=bounded(docker_exec(container, argv) if container else shlex.join(argv), timeout_s + REPORT_S),
-        stdin=script(script_name),
-        triggers=triggers,
-        add_previous_output_in_env=False,
-        opts=pulumi.ResourceOptions(parent=parent, replace_on_changes=["*"]))
+@dataclass
+class GateArgs:
+    connection: command.remote.ConnectionArgs  # of the node whose container runs the script
+    container: Optional[str]  # where the script runs, with `docker exec`; None: on the node itself (it sees Docker)
+    script: str  # a file in components/remote, sent on stdin
+    args: Sequence[str]  # the script's arguments, besides --timeout
+    triggers: Sequence[pulumi.Input[str]]  # a change of any re-runs the gate
+    timeout_s: int  # how long the script waits for readiness
+
+
+class Gate(pulumi.ComponentResource):
+    """Succeeds once the script finds what it waits for; fails, bounded, with its diagnosis.
+
+    The script bounds its own wait with `timeout_s`; `timeout` on the node bounds the rest (SSH, docker exec):
+    pulumi-command enforces no timeout of its own.
+    """
+
+    ready_id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: GateArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("spark-vllm:index:Gate", name, None, opts)
+        argv = ["python3", "-", *args.args, f"--timeout={args.timeout_s}"]
+        check = command.remote.Command(
+            f"{name}-gate",
+            connection=args.connection,
+            create=bounded(docker_exec(args.container, argv) if args.container else shlex.join(argv),
+                           args.timeout_s + REPORT_S),
+            stdin=script(args.script),
+            triggers=list(args.triggers),
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"]))
+        self.ready_id = check.id
+        self.register_outputs({"readyId": self.ready_id})

@@ -61,7 +61,8 @@ class MpRankArgs:
     spark: SparkNode
     digest: pulumi.Input[str]  # every rank's settings, the images and the secrets, as one digest
     head: Optional["MpRank"] = None  # set for workers: ties them to one head
-    secrets: Mapping[str, pulumi.Input[str]] = None  # rank 0 only: keys of SECRET_ENV; values are Pulumi secrets
+    # rank 0 only: keys of SECRET_ENV; the values are Pulumi secrets
+    secrets: Optional[Mapping[str, pulumi.Input[str]]] = None
     depends_on: tuple = ()  # the node's fabric guard and weights sync, the page-cache drops
 
 

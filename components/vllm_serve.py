@@ -65,7 +65,7 @@ def stop_command(container: str) -> str:
     return f'if [ "$({running} 2>/dev/null)" = true ]; then {serve_ctl(container, "stop")}; fi'
 
 
-def page_cache_drops(name: str, parent: pulumi.Resource, nodes: Mapping[str, command.remote.ConnectionArgs],
+def page_cache_drops(name: str, parent: Optional[pulumi.Resource], nodes: Mapping[str, command.remote.ConnectionArgs],
                      triggers: list) -> list[command.remote.Command]:
     """`serve.dropPageCache`: one command a node, replaced (so run again) whenever `triggers` change."""
     return [command.remote.Command(
@@ -106,8 +106,8 @@ class VllmServe(pulumi.ComponentResource):
         drops = []
         if args.serve.drop_page_cache:
             # What replaces the serve replaces these too; the secrets enter only as a digest, itself a secret.
-            drops = page_cache_drops(name, self, args.nodes, [
-                args.cluster_ready_id, create, stdin.apply(lambda text: hashlib.sha256(text.encode()).hexdigest()[:16])])
+            digest = stdin.apply(lambda text: hashlib.sha256(text.encode()).hexdigest()[:16])
+            drops = page_cache_drops(name, self, args.nodes, [args.cluster_ready_id, create, digest])
         process = command.remote.Command(
             f"{name}-process",
             connection=args.connection,

@@ -15,6 +15,7 @@ of a running deployment replaces nothing else: the running vLLM keeps the weight
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import shlex
@@ -26,7 +27,9 @@ import pulumi
 import pulumi_command as command
 
 from .config import ClusterSpec, PreflightSpec, ServeSpec
-from .preflight import sync_needed
+from .node_facts import NodeFacts
+from .node_runner import rsync_argv
+from .weight_manifests import manifest, sync_needed
 from .remote import script
 
 # With nothing to copy, none of the sync's inputs may change it (the first create still runs it once).
@@ -39,45 +42,42 @@ class SyncPlan:
     triggers: list[str]
 
 
-def manifest(model: dict) -> dict:
-    """What the sync compares: file names and sizes, and SHA-256 sums when preflight took them."""
-    if not model.get("exists"):
-        return {"exists": False}
-    return {"files": model.get("files", []), "sha256": model.get("sha256", {})}
-
-
-def plan(cluster: ClusterSpec, checks: PreflightSpec, facts: Mapping[str, dict],
+def plan(cluster: ClusterSpec, preflight: PreflightSpec, facts: Mapping[str, NodeFacts],
          now: Optional[float] = None) -> dict[str, SyncPlan]:
     """Worker name -> its plan, from the facts preflight gathered."""
-    needed = sync_needed(cluster, checks.hash_weights, dict(facts))
-    head = manifest(facts.get(cluster.head.name, {}).get("model", {}))
-    found = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
+    needed = sync_needed(cluster, preflight.hash_weights, facts)
+    head = manifest(facts[cluster.head.name].model if cluster.head.name in facts else None)
+    found_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
     plans = {}
     for node in cluster.workers:
-        mine = manifest(facts.get(node.name, {}).get("model", {}))
+        mine = manifest(facts[node.name].model if node.name in facts else None)
         digest = hashlib.sha256(json.dumps([head, mine], sort_keys=True).encode()).hexdigest()[:16]
-        triggers = [f"manifests {digest}"] + ([f"found different at {found}"] if needed[node.name] else [])
+        triggers = [f"manifests {digest}"] + ([f"found different at {found_at}"] if needed[node.name] else [])
         plans[node.name] = SyncPlan(needed=needed[node.name], triggers=triggers)
     return plans
 
 
-def sync_argv(cluster: ClusterSpec, checks: PreflightSpec, model_path: str, worker_name: str) -> list[str]:
+def sync_argv(cluster: ClusterSpec, preflight: PreflightSpec, model_path: str, worker_name: str,
+              with_key: bool) -> list[str]:
     worker = cluster.node(worker_name)
-    return ["sh", "-s", "--", cluster.head.name, worker.name, worker.fabric_ip, str(worker.ssh_port),
-            worker.ssh_user, model_path, str(checks.sync_timeout_s), "checksum" if checks.hash_weights else "size-only"]
+    rsync = rsync_argv(model_path, worker, worker.fabric_ip, preflight.hash_weights, with_key)
+    return ["sh", "-s", "--", cluster.head.name, worker.name, worker.fabric_ip, model_path,
+            str(preflight.sync_timeout_s), *rsync]
 
 
 def sync_script(private_key: Optional[str]) -> str:
-    """The script with the key inlined; a secret whenever the key is. Without a key, the head's own identity."""
-    return script("weights_sync.sh").replace("@KEY@", (private_key or "").rstrip("\n"))
+    """The script with the key inlined as base64; a secret whenever the key is. Without a key, the head's own
+    identity."""
+    key = private_key.rstrip("\n") + "\n" if private_key else ""
+    return script("weights_sync.sh").replace("@KEY@", base64.b64encode(key.encode()).decode())
 
 
 @dataclass
 class WeightsSyncArgs:
     cluster: ClusterSpec
     serve: ServeSpec
-    checks: PreflightSpec
-    facts: Mapping[str, dict]  # what preflight.run returned
+    preflight: PreflightSpec
+    facts: Mapping[str, NodeFacts]  # what preflight.run returned
     connection: command.remote.ConnectionArgs  # of the head node, where rsync runs
     private_key: Optional[pulumi.Input[str]] = None  # a secret: the cluster's key, for the hop to the workers
 
@@ -89,7 +89,7 @@ class WeightsSync(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: WeightsSyncArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:WeightsSync", name, None, opts)
-        plans = plan(args.cluster, args.checks, args.facts)
+        plans = plan(args.cluster, args.preflight, args.facts)
         stdin = pulumi.Output.from_input(args.private_key).apply(sync_script)
         self.synced = {}
         for worker in args.cluster.workers:
@@ -97,7 +97,8 @@ class WeightsSync(pulumi.ComponentResource):
             self.synced[worker.name] = command.remote.Command(
                 f"{name}-{worker.name}",
                 connection=args.connection,
-                create=shlex.join(sync_argv(args.cluster, args.checks, args.serve.model_path, worker.name)),
+                create=shlex.join(sync_argv(args.cluster, args.preflight, args.serve.model_path, worker.name,
+                                            with_key=args.private_key is not None)),
                 stdin=stdin,
                 triggers=p.triggers,
                 add_previous_output_in_env=False,

@@ -5,6 +5,7 @@ cluster. Exit 0 when ready; exit 1 at the deadline with `ray status`, the missin
 """
 
 import argparse
+import logging
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ def diagnose(alive, expected, management, gpus_expected, interface, unreachable=
     `unreachable` holds the IPs whose raylet the head could not connect to: a node can register with an
     address that is not its own, and Ray keeps it alive until health checks time out.
     """
-    by_ip = {}
+    by_ip: dict[str, int] = {}
     for ip, gpus in alive:
         by_ip[ip] = by_ip.get(ip, 0) + gpus
     problems = []
@@ -89,7 +90,7 @@ def main():
     problems = [f"Ray's GCS at {a.address} does not accept connections"]
     if wait_for_port(host, int(port), deadline):
         import ray
-        ray.init(address=a.address, logging_level="ERROR", log_to_driver=False)
+        ray.init(address=a.address, logging_level=logging.ERROR, log_to_driver=False)
         shown = None
         while True:
             nodes = alive_nodes(ray)

@@ -1,7 +1,7 @@
 """Collects one node's facts for spark-vllm's preflight and prints them as one JSON object.
 
 Runs on the node itself, as `python3 - SPEC` over SSH with this file on stdin, and needs only the standard
-library. It judges nothing: components/preflight.py compares the facts of every node. A fact that cannot be
+library. It judges nothing: components/preflight/judging.py compares the facts of every node. A fact that cannot be
 gathered (a tool is missing, permission is denied) is reported as {"unavailable": why}, never guessed.
 """
 
@@ -213,7 +213,7 @@ def ports(spec):
     if rc != 0:
         raise Unavailable(f"`ss -tlnp` failed: {error_line(err)}")
     wanted = {int(p) for p in spec["ports"]}
-    held = {}
+    held: dict[int, dict[int, str]] = {}
     for line in out.splitlines():
         fields = line.split()
         if len(fields) < 4 or ":" not in fields[3]:
@@ -224,7 +224,7 @@ def ports(spec):
             for comm, pid in re.findall(r'\("([^"]*)",pid=(\d+)', line):
                 holders[int(pid)] = comm
     containers = _containers(spec) if held else {}
-    facts = {}
+    facts: dict[str, dict] = {}
     for port in sorted(wanted):
         if port not in held:
             facts[str(port)] = {"free": True}
@@ -274,7 +274,7 @@ def guard(spec):
     return {"hooked": out.split()}
 
 
-TIMINGS = {}  # seconds per fact, reported so slow nodes show which step was slow
+TIMINGS: dict[str, float] = {}  # seconds per fact, reported so slow nodes show which step was slow
 
 
 def gather(name, fn, *args):

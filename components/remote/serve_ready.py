@@ -3,9 +3,9 @@ completion.
 
 With Ray it runs inside the Ray head container (`python3 - ARGS`, this file on stdin), and follows the serve's
 pid file and log file. With mp (`--container`) it runs on the head node, where rank 0 is a container's own
-process: alive is the container running, the log is `docker logs`, the API key is in its environment. While it waits it prints the
-weight-loading progress read from the vLLM log (shards k/N and an estimate of GB/s), so a long load never looks
-hung. On failure it says whether the process died or is still loading, and prints the log tail.
+process: alive is the container running, the log is `docker logs`, the API key is in its environment. While it
+waits it prints the weight-loading progress read from the vLLM log (shards k/N and an estimate of GB/s), so a long
+load never looks hung. On failure it says whether the process died or is still loading, and prints the log tail.
 """
 
 import argparse
@@ -148,10 +148,11 @@ def main():
     a = p.parse_args()
     start = time.monotonic()
     deadline = start + a.timeout
+    log: "Container | LogFollower"
     if a.container:
-        log = Container(a.container)
-        key, what, where, log_name = log.api_key(), f"container {a.container}", "", f"`docker logs {a.container}`"
-        is_alive, log_tail = log.alive, log.tail
+        rank0 = log = Container(a.container)
+        key, what, log_name = rank0.api_key(), f"container {a.container}", f"`docker logs {a.container}`"
+        is_alive, log_tail = rank0.alive, (lambda: rank0.tail())
     else:
         key = api_key(a.env_file)
         with open(a.pid_file) as f:

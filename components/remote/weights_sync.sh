@@ -1,41 +1,37 @@
 # Copies the weights a worker lacks, or holds in another size (or, by checksum, other contents), from the head
 # to that worker over the fabric, with rsync over ssh (spark-vllm:preflight.syncWeights). Runs on the head, sent
-# over SSH on stdin. The SSH key arrives in the heredoc below, never on a command line; it lives in a 0600 file
-# in a private temp folder that is removed on exit.
-# Arguments: head worker fabric_ip ssh_port ssh_user path timeout_s size-only|checksum
+# over SSH on stdin. The SSH key arrives base64-encoded in this text (no key can end it early), never on a
+# command line; it lives in a 0600 file in a private temp folder that is removed on exit.
+# Arguments: head worker fabric_ip path timeout_s rsync-argv... (components/node_runner.py's rsync_argv, whose ssh
+# reads the key and known_hosts from $SPARK_VLLM_SSH_DIR)
 set -u
-head=$1 worker=$2 ip=$3 port=$4 user=$5 path=$6 limit=$7 compare=$8
+head=$1 worker=$2 ip=$3 path=$4 limit=$5
+shift 5
+rsync=$1
+shift
 umask 077
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 143' HUP INT TERM
-cat > "$tmp/key" <<'SPARK_VLLM_KEY'
-@KEY@
-SPARK_VLLM_KEY
-identity=""
-# An empty key (one newline) means the cluster uses the ssh agent: then the head's own identity is used.
-[ "$(wc -c < "$tmp/key")" -gt 1 ] && identity="-o IdentitiesOnly=yes -i $tmp/key"
-# Host keys: accept-new into a known_hosts file of this run only; see the README's security model.
-ssh="ssh -o BatchMode=yes -o ConnectTimeout=15 -o ServerAliveInterval=15 -o LogLevel=ERROR"
-ssh="$ssh -o StrictHostKeyChecking=accept-new"
-ssh="$ssh -o UserKnownHostsFile=$tmp/known_hosts $identity -p $port"
-quoted=$(printf '%s' "$path" | sed "s/'/'\\\\''/g")
-case $compare in checksum) by="size and SHA-256 (rsync --checksum)" ;; *) by="size" ;; esac
+printf '%s' '@KEY@' | base64 -d > "$tmp/key" || exit 1
+export SPARK_VLLM_SSH_DIR="$tmp"
+case " $* " in *" --checksum "*) by="size and SHA-256 (rsync --checksum)" ;; *) by="size" ;; esac
 echo "spark-vllm: syncing $head:$path/ to $worker ($ip) over the fabric; files compared by $by"
 start=$(date +%s.%N)
-# rsync's progress2 line is rewritten in place with \r: each update becomes a line, of which one is kept at each
-# finished file and at every GiB. (Its percentage is of every file, copied or not, so it is left out.)
-{
-  timeout -k 10 "$limit" rsync -a "--$compare" --info=progress2 --out-format='SPARK_VLLM_FILE %l %n' \
-    --rsync-path="mkdir -p '$quoted' && rsync" -e "$ssh" "$path/" "$user@$ip:$path/" </dev/null 2>&1
-  echo $? > "$tmp/rc"
-} | tr '\r' '\n' | awk -v sum="$tmp/sum" '
+# Sizes as preflight prints them (components/text.py), for both awk programs below.
+human='
   function human(n) {
     if (n >= 1073741824) return sprintf("%.1f GiB", n / 1073741824)
     if (n >= 1048576) return sprintf("%.1f MiB", n / 1048576)
     if (n >= 1024) return sprintf("%.1f KiB", n / 1024)
     return n " B"
-  }
+  }'
+# rsync's progress2 line is rewritten in place with \r: each update becomes a line, of which one is kept at each
+# finished file and at every GiB. (Its percentage is of every file, copied or not, so it is left out.)
+{
+  timeout -k 10 "$limit" "$rsync" --info=progress2 --out-format='SPARK_VLLM_FILE %l %n' "$@" </dev/null 2>&1
+  echo $? > "$tmp/rc"
+} | tr '\r' '\n' | awk -v sum="$tmp/sum" "$human"'
   /^SPARK_VLLM_FILE / {
     name = $0; sub(/^SPARK_VLLM_FILE [0-9]+ /, "", name)
     if (name ~ /\/$/) next
@@ -68,14 +64,14 @@ case $rc in
     echo "spark-vllm: rsync from $head to $worker ($ip) failed with status $rc; its messages are above" >&2
     exit 1 ;;
 esac
-awk -v s="$start" -v e="$end" -v files="$files" -v bytes="$bytes" -v head="$head" -v worker="$worker" -v by="$by" 'BEGIN {
+awk -v s="$start" -v e="$end" -v files="$files" -v bytes="$bytes" -v head="$head" -v worker="$worker" -v by="$by" \
+  "$human"' BEGIN {
   t = e - s; if (t < 0.001) t = 0.001
   if (files == 0) {
     printf "spark-vllm: nothing to copy: %s already had every file of %s, the same by %s (checked in %.1f s)\n",
       worker, head, by, t
   } else {
-    size = bytes >= 1073741824 ? sprintf("%.1f GiB", bytes / 1073741824) : sprintf("%.1f MiB", bytes / 1048576)
     printf "spark-vllm: synced %d file%s, %s, from %s to %s in %.1f s: %.2f GB/s\n",
-      files, files == 1 ? "" : "s", size, head, worker, t, bytes / 1e9 / t
+      files, files == 1 ? "" : "s", human(bytes), head, worker, t, bytes / 1e9 / t
   }
 }'

@@ -90,7 +90,7 @@ _WITH_RAY = """
     ln -sf /opt/venv/bin/ray /usr/local/bin/ray
     ray --version
     """
-_WITHOUT_RAY = f"""
+_WITHOUT_RAY = """
     /opt/venv/bin/pip uninstall --yes ray
     if /opt/venv/bin/python -c 'import ray' 2>/dev/null; then echo 'ray is still importable' >&2; exit 1; fi
     rm -f /opt/venv/bin/ray /usr/local/bin/ray

@@ -50,7 +50,8 @@ def write_model(root: Path, arch: str, shards: int) -> None:
     weight_map = {}
     for k in range(1, shards + 1):
         shard = f"model-{k:05d}-of-{shards:05d}.safetensors"
-        names = [f"model.layers.{(k - 1) * TENSORS_PER_SHARD + j}.mlp.down_proj.weight" for j in range(TENSORS_PER_SHARD)]
+        names = [f"model.layers.{(k - 1) * TENSORS_PER_SHARD + j}.mlp.down_proj.weight"
+                 for j in range(TENSORS_PER_SHARD)]
         _write_shard(root / shard, names)
         weight_map.update({n: shard for n in names})
     index = {"metadata": {"total_size": len(weight_map) * HIDDEN * HIDDEN * 2}, "weight_map": weight_map}

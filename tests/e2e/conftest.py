@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stack import ROOT, LabStack
+from labstack import ROOT, LabStack
 
 # The provider plugins the engine finds first on PATH: the doubles, or real builds named by the same variables
 # as the contract suite's (a check by hand, docs/real-plugins.md).

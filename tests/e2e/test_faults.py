@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import node_sh
-from stack import LabStack, chat
+from labstack import LabStack, chat
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import socket
 import pytest
 
 from conftest import node_sh
-from stack import chat, planned, steps
+from labstack import chat, planned, steps
 
 HEAD = "spark-vllm-e2e-ray-head"
 WORKER = "spark-vllm-e2e-ray-worker"

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from conftest import node_sh
-from stack import LabStack, planned, steps
+from labstack import LabStack, planned, steps
 from test_preflight import not_ok, rows
 
 MODEL = "/models/ws-tiny"

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from conftest import node_sh
-from stack import LabStack, chat, planned
+from labstack import LabStack, chat, planned
 
 RANK0, RANK1 = "spark-vllm-mp-vllm-rank0", "spark-vllm-mp-vllm-rank1"
 RANKS = {"vllm-rank-node1-container", "vllm-rank-node2-container"}
@@ -59,8 +59,8 @@ def test_the_ranks_listen_only_where_the_guard_covers(mp):
     port on its fabric address (the ephemeral range the guard closes off the fabric)."""
     low, high = map(int, node_sh(1, "cat /proc/sys/net/ipv4/ip_local_port_range").split())
     for node, ip in ((1, "10.87.200.11"), (2, "10.87.200.12")):
-        lines = [l for l in node_sh(node, "ss -ltnpH").splitlines() if "python3" in l or "vllm" in l]
-        local = sorted(l.split()[3] for l in lines)
+        lines = [line for line in node_sh(node, "ss -ltnpH").splitlines() if "python3" in line or "vllm" in line]
+        local = sorted(line.split()[3] for line in lines)
         print(f"node{node} listens on {local}")
         rest = [a for a in local if a not in ("0.0.0.0:29501", "0.0.0.0:8000")]
         assert all(a.startswith(ip + ":") and low <= int(a.rsplit(":", 1)[1]) <= high for a in rest), local

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from conftest import node_sh
-from stack import LabStack, chat, planned, steps
+from labstack import LabStack, chat, planned, steps
 
 IMAGE = "spark-vllm-lab/ray-vllm:2.60.0-double1"
 OTHER_TAG = "spark-vllm-lab/ray-vllm:pf-other"

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from conftest import node_sh
-from stack import LabStack
+from labstack import LabStack
 
 API_KEY = f"sk-e2e-{secrets.token_hex(12)}"
 HF_TOKEN = f"hf_e2e_{secrets.token_hex(12)}"

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 
 import pytest
 
 from conftest import node_sh
-from stack import ROOT, LabStack, chat, planned
+from labstack import ROOT, LabStack, chat, planned
 
 HEAD = "spark-vllm-sts-ray-head"
 
@@ -30,8 +31,8 @@ def status(stack: LabStack) -> subprocess.CompletedProcess:
 def test_status_reports_every_layer_healthy(stack):
     done = status(stack)
     assert done.returncode == 0, done.stdout + done.stderr
-    for layer in ("ssh node1", "ssh node2 via node1", "fabric guard node1", "fabric guard node2", f"container {HEAD}", "ray nodes by fabric IP",
-                  "vllm serve process", "/health", "/v1/models", "one chat completion"):
+    for layer in ("ssh node1", "ssh node2 via node1", "fabric guard node1", "fabric guard node2", f"container {HEAD}",
+                  "ray nodes by fabric IP", "vllm serve process", "/health", "/v1/models", "one chat completion"):
         assert re.search(rf"{re.escape(layer)}\s+ok ", done.stdout), done.stdout
 
 
@@ -62,3 +63,22 @@ def test_a_lost_guard_is_found_by_status_and_put_back_by_up_alone(stack):
     up = stack.up()
     assert planned(up) == {"fabric-guard-node2-rules": "replace"}
     assert status(stack).returncode == 0
+
+
+def test_logs_shows_the_serve_log_and_follows_it(stack):
+    command = [str(ROOT / "scripts" / "logs"), "--stack", stack.stack]
+    done = subprocess.run([*command, "-n", "200"], cwd=stack.dir, env=stack.env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Loading weights took" in done.stdout, done.stdout
+    follow = subprocess.Popen([*command, "-n", "0", "-f"], cwd=stack.dir, env=stack.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(5)
+        chat(stack.outputs()["baseUrl"], "lab-tiny")  # the serve logs the request
+        time.sleep(3)
+        assert follow.poll() is None, follow.stderr.read() if follow.stderr else ""
+    finally:
+        follow.terminate()
+        out, _ = follow.communicate(timeout=30)
+    assert "chat/completions" in out, out

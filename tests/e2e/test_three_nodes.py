@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import lab
-from stack import LabStack, chat
+from labstack import LabStack, chat
 
 
 @pytest.fixture(scope="module")

@@ -78,9 +78,9 @@ def test_read_returns_the_state_unchanged(plugin, hosts):
     target, _ = hosts
     _, state = plugin.create(plugin.checked({"connection": conn(target), "create": "echo o",
                                              "addPreviousOutputInEnv": False}))
-    response = plugin.stub.Read(provider_pb2.ReadRequest(urn="urn:pulumi:test::spark-vllm::command:remote:Command::gate",
-                                                         id="gate0123abcd", properties=values.encode(state),
-                                                         inputs=values.encode({"create": "echo o"})))
+    response = plugin.stub.Read(provider_pb2.ReadRequest(
+        urn="urn:pulumi:test::spark-vllm::command:remote:Command::gate", id="gate0123abcd",
+        properties=values.encode(state), inputs=values.encode({"create": "echo o"})))
     assert response.id == "gate0123abcd" and values.decode(response.properties)["stdout"] == "o"
 
 

@@ -9,6 +9,7 @@ plugin's sources (kreuzwerker/terraform-provider-docker v4.5.0 under pulumi-dock
 import subprocess
 
 import pytest
+from google.protobuf import empty_pb2
 from pulumi.runtime.proto import provider_pb2
 
 import docker_cli
@@ -130,3 +131,8 @@ def test_a_property_made_unknown_by_a_replaced_dependency(plugin, busybox, conta
         assert response.changes == NONE
     else:
         assert response.changes == SOME and list(response.replaces) == [replace]
+
+
+def test_cancel_is_answered(plugin):
+    """The engine calls Cancel at the end of every run; an error there reads as a crashed plugin."""
+    plugin.stub.Cancel(empty_pb2.Empty())

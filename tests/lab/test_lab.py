@@ -94,7 +94,8 @@ def snapshot() -> dict:
     return {
         "containers": {n: sh(["docker", "inspect", "-f", "{{.Id}} {{.State.StartedAt}} {{.Image}}", n]).stdout
                        for n in names},
-        "networks": sh(["docker", "network", "ls", "--filter", "name=svl-lab-", "--format", "{{.ID}} {{.Name}}"]).stdout,
+        "networks": sh(["docker", "network", "ls", "--filter", "name=svl-lab-",
+                        "--format", "{{.ID}} {{.Name}}"]).stdout,
         "volumes": sh(["docker", "volume", "ls", "--filter", "name=svl-lab-", "--format", "{{.Name}}"]).stdout,
         "inner": {n: inner_id(n) for n in names},
         "known_hosts": (STATE / "known_hosts").read_text(),
@@ -114,8 +115,8 @@ def lab_objects() -> dict[str, list[str]]:
         "containers": named(sh(["docker", "ps", "-a", "--format", "{{.Names}}"]).stdout),
         "networks": named(sh(["docker", "network", "ls", "--format", "{{.Name}}"]).stdout),
         "volumes": named(sh(["docker", "volume", "ls", "--format", "{{.Name}}"]).stdout),
-        "links": named(" ".join(l.split(":")[1].strip().split("@")[0]
-                                for l in sh(["ip", "-o", "link"]).stdout.splitlines())),
+        "links": named(" ".join(line.split(":")[1].strip().split("@")[0]
+                                for line in sh(["ip", "-o", "link"]).stdout.splitlines())),
         "route": sh(["ip", "route", "show", "10.87.200.0/24"]).stdout.split(),
     }
 
@@ -168,7 +169,7 @@ def test_node1_has_mgmt_and_fabric_with_spark_names():
 def test_other_nodes_have_only_the_fabric(index):
     host = f"svl-lab-node{index}"
     addrs = ssh(host, "ip -o -4 addr show").stdout
-    ifaces = {l.split()[1] for l in addrs.splitlines()}
+    ifaces = {line.split()[1] for line in addrs.splitlines()}
     assert ifaces == {"lo", "enp1s0f1np1", "docker0"}, addrs   # docker0: the node's own dockerd
     assert f"inet {FABRIC[index]}/24" in addrs
     assert ssh(host, "ip route show default").stdout.strip() == ""
@@ -192,11 +193,11 @@ def test_host_reaches_fabric_only_through_node1():
 
 
 def test_sshd_is_key_only_root_and_a_jump_host():
-    settings = dict(l.split(" ", 1) for l in ssh("svl-lab-node2", "sshd -T").stdout.splitlines() if " " in l)
+    settings = dict(line.split(" ", 1) for line in ssh("svl-lab-node2", "sshd -T").stdout.splitlines() if " " in line)
     assert settings["permitrootlogin"] == "without-password"
     assert settings["passwordauthentication"] == "no"
     assert settings["allowtcpforwarding"] == "yes"
-    keys = [l.split()[2] for l in (STATE / "known_hosts").read_text().splitlines()]
+    keys = [line.split()[2] for line in (STATE / "known_hosts").read_text().splitlines()]
     assert len(keys) == 3 and len(set(keys)) == 3, "each node makes its own host key at first boot"
 
 
@@ -269,7 +270,7 @@ def test_ray_cluster_spans_the_fabric():
 
 def test_status_reports_every_node_healthy():
     out = lab("status", timeout=120).stdout
-    rows = [l.split() for l in out.splitlines() if l.startswith("svl-lab-node")]
+    rows = [line.split() for line in out.splitlines() if line.startswith("svl-lab-node")]
     host = sh(["docker", "image", "inspect", "-f", "{{.Id}}", INNER]).stdout.strip()[7:19]
     assert [r[:6] for r in rows] == [
         ["svl-lab-node1", MGMT1, FABRIC[1], "ok", rows[0][4], host],

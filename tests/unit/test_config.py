@@ -252,3 +252,10 @@ def test_shipped_stacks_pick_their_executors():
     for stack in ("gpt-oss", "qwen3-30b", "qwen3-235b"):
         assert picked[stack] == ("mp", "nvcr.io/nvidia/vllm:26.10-py3")
     assert picked["lab-mp"] == ("mp", "spark-vllm-lab/vllm-mp:double1")
+
+
+def test_a_site_catalog_outside_the_checkout_is_found_under_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_catalog(tmp_path / "spark-site")
+    d = config.load("test", {**stack_config(tmp_path / "unused"), "spark-vllm:catalog": "~/spark-site"}, set(), ROOT)
+    assert d.cluster.name == "c3" and d.serve.model_path == "/models/big"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
 from fixtures import stack_config, write_catalog
 from harness import ROOT, plain_strings, run_program

@@ -17,11 +17,15 @@ import sys
 import pulumi
 import pytest
 
-from components import config, preflight
+from components import config, node_runner, preflight, weight_manifests
+from components.fabric_guard import GuardState, guard_state
+from components.node_facts import Docker, parse
+from components.preflight import probing as preflight_probe
+from components.preflight.table import render
 from components.fabric_guard import chain_name
-from components.preflight import Finding, evaluate
+from components.preflight.judging import CHECKS, Finding, evaluate
 from components.schema import ConfigError
-from components.spark_node import docker_ssh_opts
+from components.node_runner import provider_ssh_opts
 from fixtures import cluster_with, stack_config, write_catalog
 from harness import ROOT, run_program
 
@@ -66,8 +70,13 @@ def healthy() -> dict:
     return facts
 
 
+def typed(facts: dict) -> dict:
+    """The probe's JSON of every node, as preflight reads it."""
+    return {name: parse(raw) for name, raw in facts.items()}
+
+
 def judged(d, facts) -> dict[tuple[str, str], Finding]:
-    return {(f.node, f.check): f for f in evaluate(d, facts)}
+    return {(f.node, f.check): f for f in evaluate(d, typed(facts))}
 
 
 def one(d, facts, node, check) -> tuple[str, str, str]:
@@ -79,7 +88,7 @@ def test_a_healthy_cluster_passes_every_check_on_every_node(tmp_path):
     d = deployment(tmp_path)
     table = judged(d, healthy())
     assert all(f.status == "ok" for f in table.values()), [f for f in table.values() if f.status != "ok"]
-    assert set(table) == {(n, c) for n in FABRIC for c in preflight.CHECKS if c != "ports"} | {("spark1", "ports")}
+    assert set(table) == {(n, c) for n in FABRIC for c in CHECKS if c != "ports"} | {("spark1", "ports")}
     assert table[("spark2", "ssh+docker")].reason == \
         "ssh nvidia@192.168.200.2 via spark1; Docker 28.0.1, storage driver overlay2; probe took 1.2 s"
     assert table[("spark1", "gpus")].reason == "1 GPU (NVIDIA GB10) from nvidia-smi -L"
@@ -135,7 +144,7 @@ def test_the_clusters_gpu_stand_in_is_read_from_the_catalog(tmp_path):
     clusters = cluster_with(lambda c: c.update(preflight={"gpuProbe": "echo 'GPU 0: stand-in'"}))
     d = config.load("test", stack_config(write_catalog(tmp_path / "catalog", clusters)), set(), ROOT)
     assert d.cluster.gpu_probe == "echo 'GPU 0: stand-in'"
-    assert preflight.probe_spec(d, d.cluster.head)["gpuProbe"] == "echo 'GPU 0: stand-in'"
+    assert preflight_probe.probe_spec(d, d.cluster.head)["gpuProbe"] == "echo 'GPU 0: stand-in'"
     bad = cluster_with(lambda c: c.update(preflight={"gpuProbe": ""}))
     with pytest.raises(ConfigError, match=r"c3.preflight.gpuProbe is ''; expected a shell command"):
         config.load("test", stack_config(write_catalog(tmp_path / "bad", bad)), set(), ROOT)
@@ -518,7 +527,7 @@ def test_hashed_weights_name_a_shard_whose_contents_differ(tmp_path):
 
 
 def needed(d, facts) -> dict[str, bool]:
-    return preflight.sync_needed(d.cluster, d.preflight.hash_weights, facts)
+    return weight_manifests.sync_needed(d.cluster, d.preflight.hash_weights, typed(facts))
 
 
 SYNC = "will sync from spark1 over the fabric (spark-vllm:preflight.syncWeights)"
@@ -712,9 +721,10 @@ def test_the_guard_in_place_passes_and_a_missing_or_stale_one_is_replaced_by_up(
         "ok", "the rules that close Ray's ports to all but enp1s0f1np1 are not in place; `up` applies them", "")
     assert one(d, facts, "spark3", "guard") == (
         "ok", "chain svl-test-0000aaaa guards other ports; `up` puts svl-test-800217c9 in first, then removes it", "")
-    assert [preflight.guard_state(d, facts, d.cluster.node(n)) for n in ("spark1", "spark2", "spark3")] == [
-        "in place", "missing", "stale"]
-    assert preflight.guard_state(d, {}, d.cluster.head) is None  # preflight off
+    assert [preflight.guard_found(d, typed(facts), d.cluster.node(n)) for n in ("spark1", "spark2", "spark3")] == [
+        GuardState.IN_PLACE, GuardState.MISSING, GuardState.STALE]
+    assert preflight.guard_found(d, {}, d.cluster.head) is None  # preflight off
+    assert guard_state("test", d.cluster, None) is None
 
 
 def test_a_guard_that_cannot_be_checked_fails_since_up_could_not_apply_it(tmp_path):
@@ -733,7 +743,7 @@ def test_without_the_guard_there_is_no_guard_row_and_no_probe_for_it(tmp_path):
     for f in facts.values():
         del f["guard"]
     assert not any(check == "guard" for _, check in judged(d, facts))
-    assert preflight.probe_spec(d, d.cluster.head)["guard"] is None
+    assert preflight_probe.probe_spec(d, d.cluster.head)["guard"] is None
 
 
 # ---- the table, and the program ----
@@ -741,7 +751,7 @@ def test_without_the_guard_there_is_no_guard_row_and_no_probe_for_it(tmp_path):
 def test_the_table_lists_every_finding_with_its_fix(tmp_path):
     d, facts = deployment(tmp_path), healthy()
     facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
-    lines = preflight.render(evaluate(d, facts)).splitlines()
+    lines = render(evaluate(d, typed(facts))).splitlines()
     assert lines[0].split() == ["node", "check", "result"]
     assert "spark2  weights       FAIL    spark2 lacks model-00003-of-00003.safetensors. Fix: " + RSYNC in lines
     assert "spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free" in lines
@@ -753,7 +763,7 @@ def test_a_failure_stops_the_program_before_any_resource_with_the_whole_table(tm
     facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
     facts["spark3"]["image"]["id"] = OTHER_ID
     probed = []
-    monkeypatch.setattr(preflight, "probe", lambda d, node: probed.append(node.name) or facts[node.name])
+    monkeypatch.setattr(preflight, "probe", lambda d, node: probed.append(node.name) or parse(facts[node.name]))
     cfg = stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True})
     with pytest.raises(pulumi.RunError) as err:
         run_program(cfg)
@@ -768,16 +778,16 @@ def test_a_failure_stops_the_program_before_any_resource_with_the_whole_table(tm
 
 def test_a_clean_preflight_lets_the_program_register_everything(tmp_path, monkeypatch):
     facts = healthy()
-    monkeypatch.setattr(preflight, "probe", lambda d, node: facts[node.name])
+    monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
     recording = run_program(stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True}))
     assert "serve-ready-gate" in recording.names()
 
 
 def test_run_returns_every_nodes_facts_for_the_sync(tmp_path, monkeypatch):
     facts = healthy()
-    monkeypatch.setattr(preflight, "probe", lambda d, node: facts[node.name])
+    monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
     d = deployment(tmp_path, syncWeights=True)
-    assert preflight.run(d) == facts
+    assert preflight.run(d) == typed(facts)
     assert preflight.run(deployment(tmp_path / "off", enabled=False)) == {}
 
 
@@ -791,19 +801,22 @@ def test_the_probe_is_sent_with_the_docker_providers_ssh_options(tmp_path, monke
     calls = []
 
     class Done:
-        returncode, stdout, stderr = 0, preflight.MARK + json.dumps({"docker": {}}) + "\n", ""
+        returncode, stderr = 0, ""
+        stdout = preflight_probe.MARK + json.dumps({"docker": {"server": "28.0.1", "driver": "overlay2"}}) + "\n"
 
-    monkeypatch.setattr(preflight.subprocess, "run", lambda argv, **kw: calls.append((argv, kw)) or Done())
-    assert preflight.probe(d, d.cluster.node("spark2"))["docker"] == {}
+    monkeypatch.setattr(node_runner.subprocess, "run", lambda argv, **kw: calls.append((argv, kw)) or Done())
+    assert preflight_probe.probe(d, d.cluster.node("spark2")).docker == Docker(server="28.0.1", driver="overlay2")
     argv, kw = calls[0]
-    opts = docker_ssh_opts(d.cluster.ssh, d.cluster.node("spark1"))
+    opts = provider_ssh_opts(d.cluster.ssh, d.cluster.node("spark1"))
     assert argv[:len(opts) + 3] == ["ssh", *opts, "-p", "22"]
     assert any(o.startswith("ProxyCommand=ssh ") and o.endswith(" -W %h:%p nvidia@10.10.10.11") for o in argv)
-    assert argv[-3:-1] == ["nvidia@192.168.200.2", "--"] and argv[-1].startswith("python3 - ")
-    spec = json.loads(shlex.split(argv[-1])[2])
+    assert argv[-3:-1] == ["nvidia@192.168.200.2", "--"]
+    started, probe = argv[-1].split("; ", 1)
+    assert started == "echo 'spark-vllm: command started' >&2" and probe.startswith("python3 - ")
+    spec = json.loads(shlex.split(probe)[2])
     assert spec["peers"] == {"spark1": "192.168.200.1", "spark3": "192.168.200.3"} and spec["ports"] == []
     assert spec["syncWeights"] is False
-    assert kw["timeout"] == 7 and kw["input"].startswith('"""Collects one node')
+    assert 6 < kw["timeout"] <= 7 and kw["input"].startswith('"""Collects one node')
 
 
 # ---- the probe's own fact-gathering, on this machine ----
@@ -887,7 +900,7 @@ def test_the_probe_reads_inside_an_image_once_per_image_id(tmp_path, monkeypatch
     (bin_dir / "docker").write_text(f"""#!/bin/sh
 case "$1" in
   image) echo sha256:$(cat {tmp_path}/id) ;;
-  run) echo run >> {runs}; echo '{preflight.MARK}{{"ray": "2.60.0", "vllm": "0.11.0", "archs": ["A"]}}' ;;
+  run) echo run >> {runs}; echo '{preflight_probe.MARK}{{"ray": "2.60.0", "vllm": "0.11.0", "archs": ["A"]}}' ;;
 esac
 """)
     (bin_dir / "docker").chmod(0o755)
@@ -928,5 +941,5 @@ def test_the_probe_asks_the_images_vllm_serve_for_nnodes(tmp_path, monkeypatch, 
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     done = subprocess.run([sys.executable, "-c", load_probe().INSIDE_IMAGE], capture_output=True, text=True,
                           timeout=120, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
-    facts = json.loads(done.stdout.split(preflight.MARK)[-1])
+    facts = json.loads(done.stdout.split(preflight_probe.MARK)[-1])
     assert facts["serveNnodes"] is expected, facts

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from components.node_facts import parse
 from components import config, preflight
 from components.fabric_guard import chain_name
 from components.ray_node import pinned_env
@@ -70,7 +71,8 @@ def test_graph_orders_head_workers_gate_serve_ready(rec):
 
 
 def test_each_nodes_guard_goes_in_before_its_ray_container(rec, tmp_path):
-    chain = chain_name("test", config.load("test", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT).cluster)
+    cluster = config.load("test", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT).cluster
+    chain = chain_name("test", cluster)
     assert re.fullmatch(r"svl-test-[0-9a-f]{8}", chain)
     for node, host, container in (("spark1", "10.10.10.11", "ray-head-container"),
                                   ("spark2", "192.168.200.2", "ray-worker-spark2-container"),
@@ -94,7 +96,7 @@ def test_each_nodes_guard_goes_in_before_its_ray_container(rec, tmp_path):
 def test_a_guard_preflight_found_missing_gets_a_fresh_trigger(tmp_path, monkeypatch):
     facts = healthy()
     facts["spark2"]["guard"] = {"hooked": []}
-    monkeypatch.setattr(preflight, "probe", lambda d, node: facts[node.name])
+    monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
     cfg = stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True})
     first, second = run_program(cfg), run_program(cfg)
     for rec in (first, second):
@@ -146,8 +148,8 @@ def test_head_and_worker_ray_flags(rec):
     worker = rec.by_name("ray-worker-spark2-container").inputs["command"]
     assert "--address=192.168.200.1:6379" in worker and "--head" not in worker
     # Every port Ray opens is pinned, so the fabric guard can close exactly those; the client server runs on the head.
-    pinned = ["--runtime-env-agent-port=6380", "--dashboard-agent-grpc-port=6381", "--metrics-export-port=6382", "--dashboard-agent-listen-port=52365",
-              "--min-worker-port=10002", "--max-worker-port=19999"]
+    pinned = ["--runtime-env-agent-port=6380", "--dashboard-agent-grpc-port=6381", "--metrics-export-port=6382",
+              "--dashboard-agent-listen-port=52365", "--min-worker-port=10002", "--max-worker-port=19999"]
     assert set(pinned) <= set(head) and set(pinned) <= set(worker)
     assert "--ray-client-server-port=10001" in head and not any("client" in arg for arg in worker)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures import KEY, cluster_with, models_with, stack_config, write_catalog
+from fixtures import cluster_with, models_with, stack_config, write_catalog
 from harness import plain_strings, run_program
 
 API_KEY = "sk-unit-test-api-key-123"
@@ -38,7 +38,8 @@ def flag(argv: list[str], name: str) -> str:
 
 def test_no_ray_at_all_one_rank_a_node(rec):
     assert rec.names(CONTAINER) == set(RANKS)
-    assert rec.names(COMMAND) == {"serve-ready-gate", *(f"ranks-ready-{n}-gate" for n in ("spark1", "spark2", "spark3")),
+    nodes = ("spark1", "spark2", "spark3")
+    assert rec.names(COMMAND) == {"serve-ready-gate", *(f"ranks-ready-{n}-gate" for n in nodes),
                                   *(f"fabric-guard-{n}-rules" for n in ("spark1", "spark2", "spark3"))}
     assert not any("ray" in name.replace("ready", "") for name in rec.names())
     for node in ("spark1", "spark2", "spark3"):

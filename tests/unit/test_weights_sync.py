@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from components.node_facts import parse
 from components import preflight, weights_sync
 from components.config import load
+from components.node_runner import rsync_argv
 from fixtures import KEY, stack_config, write_catalog
 from harness import ROOT, plain_strings, run_program
 from test_preflight_checks import MODEL_FILES, SHARDS, healthy
@@ -19,7 +22,7 @@ COMMAND = "command:remote:Command"
 
 def program(tmp_path, monkeypatch, facts=None, clusters=None, **checks):
     facts = facts if facts is not None else healthy()
-    monkeypatch.setattr(preflight, "probe", lambda d, node: facts[node.name])
+    monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
     catalog = write_catalog(tmp_path / "catalog", clusters)
     return run_program(stack_config(catalog, preflight={"enabled": True, **checks}))
 
@@ -38,7 +41,8 @@ def test_each_worker_waits_for_its_own_sync_run_on_the_head_over_the_fabric(tmp_
     for worker, ip in (("spark2", "192.168.200.2"), ("spark3", "192.168.200.3")):
         sync = rec.by_name(f"weights-sync-{worker}")
         assert sync.parent == component.urn
-        assert sync.inputs["create"] == f"sh -s -- spark1 {worker} {ip} 22 nvidia /models/big 3600 size-only"
+        assert sync.inputs["create"].startswith(f"sh -s -- spark1 {worker} {ip} /models/big 3600 rsync -a --size-only ")
+        assert sync.inputs["create"].endswith(f" /models/big/ nvidia@{ip}:/models/big/")
         assert sync.inputs["connection"]["value"]["host"] == "10.10.10.11"  # rsync runs on the head
         container = rec.by_name(f"ray-worker-{worker}-container")
         assert sync.urn in container.dependencies
@@ -71,8 +75,9 @@ def test_the_same_difference_found_again_changes_the_trigger(tmp_path):
              set(), ROOT)
     facts = healthy()
     facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
-    first = weights_sync.plan(d.cluster, d.preflight, facts, now=0)
-    again = weights_sync.plan(d.cluster, d.preflight, facts, now=3600)
+    typed = {name: parse(raw) for name, raw in facts.items()}
+    first = weights_sync.plan(d.cluster, d.preflight, typed, now=0)
+    again = weights_sync.plan(d.cluster, d.preflight, typed, now=3600)
     assert first["spark2"].needed and first["spark2"].triggers[0] == again["spark2"].triggers[0]
     assert first["spark2"].triggers != again["spark2"].triggers
     assert first["spark3"] == again["spark3"] == weights_sync.SyncPlan(False, first["spark3"].triggers)
@@ -83,7 +88,7 @@ def test_hashed_weights_are_compared_by_checksum(tmp_path, monkeypatch):
     for f in facts.values():
         f["model"]["sha256"] = {name: "0" * 64 for name in SHARDS}
     rec = program(tmp_path, monkeypatch, facts=facts, syncWeights=True, hashWeights=True, syncTimeoutSeconds=600)
-    assert rec.by_name("weights-sync-spark2").inputs["create"].endswith(" /models/big 600 checksum")
+    assert " /models/big 600 rsync -a --checksum " in rec.by_name("weights-sync-spark2").inputs["create"]
 
 
 def test_the_key_reaches_the_sync_only_inside_secrets(tmp_path, monkeypatch):
@@ -92,7 +97,7 @@ def test_the_key_reaches_the_sync_only_inside_secrets(tmp_path, monkeypatch):
     for reg in rec.resources.values():
         assert not any(key_body in text for text in plain_strings(reg.inputs)), reg.name
     sync = rec.by_name("weights-sync-spark2").inputs
-    assert plain_strings(sync["stdin"]) == [] and KEY.rstrip("\n") in sync["stdin"]["value"]
+    assert plain_strings(sync["stdin"]) == [] and base64.b64encode(KEY.encode()).decode() in sync["stdin"]["value"]
     assert plain_strings(sync["connection"]) == []
     assert key_body not in sync["create"]
 
@@ -113,12 +118,15 @@ FAKE_RSYNC = r"""#!/bin/sh
 out=$FAKE_OUT
 printf '%s\n' "$@" > "$out/argv"
 ssh=$(for a; do case $prev in -e) printf '%s' "$a" ;; esac; prev=$a; done)
-key=$(printf '%s' "$ssh" | sed -n 's/.* -i \([^ ]*\) .*/\1/p')
+# The key file as ssh would expand it: IdentityFile=${SPARK_VLLM_SSH_DIR}/key.
+key=$(printf '%s' "$ssh" | sed -n 's/.*IdentityFile=\${SPARK_VLLM_SSH_DIR}\([^ ]*\).*/\1/p')
+[ -n "$key" ] && key=$SPARK_VLLM_SSH_DIR$key
 if [ -n "$key" ]; then cp "$key" "$out/key"; stat -c %a "$key" > "$out/key.mode"; echo "$key" > "$out/key.path"; fi
 case $FAKE_MODE in
   copy)
     echo "SPARK_VLLM_FILE 4194560 model-00003-of-00004.safetensors"
-    printf '      1,048,576  6%%   90.00MB/s    0:00:00\r      4,194,560  24%%   95.12MB/s    0:00:00 (xfr#1, to-chk=0/8)\n'
+    printf '      1,048,576  6%%   90.00MB/s    0:00:00\r'
+    printf '      4,194,560  24%%   95.12MB/s    0:00:00 (xfr#1, to-chk=0/8)\n'
     ;;
   slow) sleep 30 ;;
   fail) echo "rsync: [sender] change_dir \"/models/big\" failed: No such file or directory (2)"; exit 23 ;;
@@ -135,9 +143,10 @@ def run_script(tmp_path, mode, key=KEY, limit="60"):
     (bin_dir / "rsync").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_OUT": str(out), "FAKE_MODE": mode,
            "TMPDIR": str(tmp_path)}
-    done = subprocess.run(["sh", "-s", "--", "spark1", "spark2", "192.168.200.2", "22", "nvidia", "/models/big", limit,
-                           "size-only"], input=weights_sync.sync_script(key), env=env, capture_output=True,
-                          text=True, timeout=60)
+    worker = load("t", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT).cluster.node("spark2")
+    rsync = rsync_argv("/models/big", worker, "192.168.200.2", checksum=False, with_key=key is not None)
+    done = subprocess.run(["sh", "-s", "--", "spark1", "spark2", "192.168.200.2", "/models/big", limit, *rsync],
+                          input=weights_sync.sync_script(key), env=env, capture_output=True, text=True, timeout=60)
     return done, out
 
 
@@ -152,21 +161,30 @@ def test_the_script_copies_over_the_fabric_with_the_key_in_a_private_file_it_rem
     assert len(lines) == 4 and lines[3].startswith("spark-vllm: synced 1 file, 4.0 MiB, from spark1 to spark2 in ")
     assert lines[3].endswith(" GB/s")
     argv = (out / "argv").read_text().splitlines()
-    assert argv[:4] == ["-a", "--size-only", "--info=progress2", "--out-format=SPARK_VLLM_FILE %l %n"]
+    assert argv[:4] == ["--info=progress2", "--out-format=SPARK_VLLM_FILE %l %n", "-a", "--size-only"]
     assert argv[-2:] == ["/models/big/", "nvidia@192.168.200.2:/models/big/"]
-    assert "--rsync-path=mkdir -p '/models/big' && rsync" in argv
+    assert "--rsync-path=mkdir -p /models/big && rsync" in argv
     ssh = argv[argv.index("-e") + 1]
     assert "StrictHostKeyChecking=accept-new" in ssh and "BatchMode=yes" in ssh and ssh.endswith(" -p 22")
+    assert "UserKnownHostsFile=${SPARK_VLLM_SSH_DIR}/known_hosts" in ssh
     assert (out / "key").read_text() == KEY and (out / "key.mode").read_text().strip() == "600"
     key_path = Path((out / "key.path").read_text().strip())
     assert not key_path.exists() and not key_path.parent.exists()  # the temp folder is gone
     assert "unit-test-key-material" not in done.stdout + done.stderr
 
 
+def test_no_key_content_can_end_the_key_text_and_run_as_shell(tmp_path):
+    marker = tmp_path / "injected"
+    hostile = f"-----BEGIN KEY-----\nSPARK_VLLM_KEY\ntouch {marker}\n'; touch {marker}; '\n-----END KEY-----\n"
+    done, out = run_script(tmp_path, "copy", key=hostile)
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists() and (out / "key").read_text() == hostile
+
+
 def test_the_script_without_a_key_names_none(tmp_path):
     done, out = run_script(tmp_path, "copy", key=None)
     assert done.returncode == 0 and not (out / "key").exists()
-    assert " -i " not in (out / "argv").read_text()
+    assert "IdentityFile" not in (out / "argv").read_text()
 
 
 @pytest.mark.parametrize("mode,limit,message", [

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from vllm_double_support import Double, free_port, http
+from vllm_double_support import free_port, http
 
 MASTER = "127.0.0.2"
 

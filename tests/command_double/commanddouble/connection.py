@@ -2,7 +2,8 @@
 
 pulumi-command 1.2.1 declares `connection` secret and fills defaults in Check: user `root`, port 22,
 dialErrorLimit 10, perDialTimeout 15 (the same for `proxy`). The SDK sends the whole connection as one secret;
-the double keeps every wrapper where it found it.
+the double keeps every wrapper where it found it, and wraps `privateKey` as a secret of its own, as upstream's
+schema does (so the state it writes is the real plugin's).
 
 Refused, with a Check failure naming the property: `password` (keyboard/password auth would need an askpass
 helper around the ssh binary), `privateKeyPassword` (encrypted keys, same reason) and `hostKey` (host key
@@ -61,6 +62,9 @@ def check(value, failures: CheckFailures, path: str = "connection"):
     for key, default in DEFAULTS.items():
         if checked.get(key) is None:
             checked[key] = default
+    # Upstream's schema marks the key secret: its Check wraps it even inside a secret connection.
+    if checked.get("privateKey") is not None and not values.is_secret(checked["privateKey"]):
+        checked["privateKey"] = values.secret(checked["privateKey"])
     return values.secret(checked) if secret else checked
 
 

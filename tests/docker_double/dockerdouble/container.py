@@ -48,6 +48,10 @@ TABLE = {
     "maxRetryCount": P(force_new=False),
     "mustRun": P(force_new=False, default=True),
 }
+# Upstream properties the program never sets, whose schema defaults the bridge's Check writes into the inputs.
+# The double implements none of them; it writes them as upstream does, so that state reads the same to both.
+UPSTREAM_DEFAULTS = {"containerReadRefreshTimeoutMilliseconds": 15000, "removeVolumes": True, "start": True,
+                     "waitTimeout": 60}
 RESTART_RE = re.compile(r"^(no|on-failure|always|unless-stopped)$")
 MOUNT_TYPES = ("bind", "volume", "tmpfs")
 GPUS_RE = re.compile(r'^(all|\d+|"?device=[\w,:-]+"?)$')
@@ -72,7 +76,7 @@ def check(news: dict) -> tuple[dict, CheckFailures]:
                              "or 'device=ID[,ID]'")
     if any(part == "" for part in known.get("command") or []):
         failures.add("command", "values for command may not be empty")
-    return props.with_defaults(TABLE, news), failures
+    return {**UPSTREAM_DEFAULTS, **props.with_defaults(TABLE, news)}, failures
 
 
 def diff(olds: dict, news: dict) -> dict[str, int]:
@@ -155,7 +159,23 @@ def _computed_outputs(info: dict, given: dict) -> dict:
         "ipcMode": info["HostConfig"].get("IpcMode", ""),
         "shmSize": info["HostConfig"].get("ShmSize", 0) // (1024 * 1024),
     }
-    return {k: v for k, v in read.items() if k not in given}
+    computed = {k: v for k, v in read.items() if k not in given}
+    # Computed outputs of upstream's that the double does not implement, as upstream reads them back.
+    config, host = info["Config"], info["HostConfig"]
+    computed.update({
+        "attach": False, "logs": False, "wait": False,
+        "memoryReservation": host.get("MemoryReservation", 0) // (1024 * 1024),
+        "readOnly": host.get("ReadonlyRootfs", False), "rm": host.get("AutoRemove", False),
+        "securityOpts": host.get("SecurityOpt") or [], "stdinOpen": config.get("OpenStdin", False),
+        "tty": config.get("Tty", False),
+        "networkDatas": [{"networkName": name, "ipAddress": n.get("IPAddress", ""),
+                          "ipPrefixLength": n.get("IPPrefixLen", 0), "gateway": n.get("Gateway", ""),
+                          "globalIpv6Address": n.get("GlobalIPv6Address", ""),
+                          "globalIpv6PrefixLength": n.get("GlobalIPv6PrefixLen", 0),
+                          "ipv6Gateway": n.get("IPv6Gateway", ""), "macAddress": n.get("MacAddress", "")}
+                         for name, n in sorted(((info.get("NetworkSettings") or {}).get("Networks") or {}).items())],
+    })
+    return computed
 
 
 def remove(client: DockerHost, cid: str) -> None:

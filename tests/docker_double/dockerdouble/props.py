@@ -51,8 +51,18 @@ def check_names(token_label: str, table: dict, news: dict, failures: CheckFailur
                 failures.add(f"{path}.{sub}", f"{path}.{sub} is required")
 
 
+def _unset(value):
+    """Terraform's view: an empty string, list or object, zero and false are the same as absent (the real
+    plugin writes them all into its state, the program sends none of them)."""
+    if isinstance(value, dict):
+        value = {k: v for k, v in ((k, _unset(v)) for k, v in value.items()) if v is not None}
+    elif isinstance(value, list):
+        value = [_unset(v) for v in value]
+    return None if value in ("", [], {}, 0, False) and value is not True else value
+
+
 def _normalized(prop: Prop, value):
-    value = values.plain(value)
+    value = _unset(values.plain(value))
     if prop.is_set and isinstance(value, list):
         return sorted(json.dumps(v, sort_keys=True) for v in value)
     if isinstance(value, dict):  # e.g. capabilities {adds, drops}: nested string sets

@@ -40,13 +40,15 @@ def check(news: dict) -> tuple[dict, CheckFailures]:
         if not values.plain(host).startswith(("ssh://", "unix://")):
             failures.add("host", f"host {values.plain(host)!r}: the docker test double supports only ssh:// "
                                  "and unix:// hosts")
+    checked = dict(news)
     opts = news.get("sshOpts")
     if opts is not None and not values.contains_unknown(opts):
         try:
-            ssh_opts(opts)
+            # The bridge stores the list re-encoded as compact JSON; the state must read the same to both.
+            checked["sshOpts"] = values.like(opts, json.dumps(ssh_opts(opts), separators=(",", ":")))
         except ValueError as err:  # json.JSONDecodeError is a ValueError
             failures.add("sshOpts", str(err))
-    return dict(news), failures
+    return checked, failures
 
 
 def diff(olds: dict, news: dict) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """`docker:index/remoteImage:RemoteImage` with inputs `name` and `keepLocally` only.
 
 The image must already be on the node: where pulumi-docker would pull, the double fails naming the image and
-the node. Outputs follow pulumi-docker: `imageId` (the image's sha256 id), `repoDigest` (first RepoDigest, or ""),
+the node, and says that pulumi-docker would pull it there. Outputs follow pulumi-docker: `imageId` (the image's sha256 id), `repoDigest` (first RepoDigest, or ""),
 and the resource id is the image id followed by the name.
 """
 
@@ -48,8 +48,9 @@ def create(client: DockerHost, news: dict) -> tuple[str, dict]:
     name = values.plain(news["name"])
     image = client.inspect("images", name)
     if image is None:
-        raise RuntimeError(f"Unable to read Docker image {name!r} into resource: it is not present on {client.host} "
-                           "(the docker test double never pulls from a registry; load the image onto the node first)")
+        raise RuntimeError(f"Unable to read Docker image {name!r} into resource: it is not present on {client.host}; "
+                           "pulumi-docker would pull it here, and the docker test double never pulls (load the "
+                           "image onto the node first)")
     return image["Id"] + name, _outputs(news, image)
 
 

@@ -51,6 +51,9 @@ class DockerDouble(ProviderDouble):
             raise rpc.UsageError(f"the docker test double does not implement resource type {token!r}")
         return module
 
+    def cancel(self) -> None:
+        """Nothing waits to be cancelled: like upstream, Create returns once the container is started."""
+
     # --- provider configuration ----------------------------------------------------------------------------
 
     @rpc.method

@@ -1,4 +1,7 @@
-"""Drives the real Pulumi CLI on a copy of this project, against the lab, and reads what the engine did."""
+"""Drives the real Pulumi CLI on a copy of this project, against the lab, and reads what the engine did.
+
+Shared by the end-to-end tests (tests/e2e) and the benchmark (bench/run), which put lab/ on their import path.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PROJECT_FILES = ("Pulumi.yaml", "__main__.py", "requirements.txt", "components", "catalog")
 
 
@@ -35,7 +38,9 @@ class LabStack:
         self.stack = stack
         shutil.copytree(ROOT, self.dir, ignore=lambda d, names: [n for n in names if Path(d) == ROOT and
                                                                   n not in PROJECT_FILES] + ["__pycache__"])
-        (self.dir / f"Pulumi.{stack}.yaml").write_text((ROOT / f"Pulumi.{source}.yaml").read_text())
+        # Only the settings: a salt that a `pulumi stack init` in the checkout left there is of another passphrase.
+        settings = (yaml.safe_load((ROOT / f"Pulumi.{source}.yaml").read_text()) or {}).get("config", {})
+        (self.dir / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": settings}))
         (self.dir / ".venv").symlink_to(ROOT / ".venv")
         self.env = {**os.environ, **env, "PULUMI_BACKEND_URL": f"file://{workdir / 'state'}",
                     "PULUMI_CONFIG_PASSPHRASE": "e2e-passphrase", "PULUMI_SKIP_UPDATE_CHECK": "1",

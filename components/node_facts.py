@@ -1,0 +1,203 @@
+"""What preflight's probe found on one node, typed. components/remote/preflight_probe.py prints it as JSON.
+
+A group of facts that could not be gathered holds only `unavailable`: why not. A group that was not asked for (the
+ports on a worker, the guard without ray.fabricGuard) or could not be asked (the image while Docker does not answer)
+is None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Mapping, Optional
+
+
+@dataclass(frozen=True)
+class Docker:
+    server: str = ""  # the daemon's version
+    driver: str = ""  # its storage driver
+    error: Optional[str] = None  # why the daemon does not answer
+    unavailable: Optional[str] = None  # why it could not be asked (no `docker`)
+
+
+@dataclass(frozen=True)
+class InsideImage:
+    """What the image holds, read by starting it."""
+    ray: str = ""
+    vllm: str = ""
+    archs: Optional[tuple[str, ...]] = None  # the architectures of vLLM's model registry; None: not read
+    error: Optional[str] = None  # why python3 did not run in the image
+    ray_error: Optional[str] = None  # why `import ray` failed
+    vllm_error: Optional[str] = None  # why `import vllm` failed
+    serve_nnodes: Optional[bool] = None  # `vllm serve` takes --nnodes (mp across nodes); None: its help did not run
+    serve_help_error: Optional[str] = None  # why `vllm serve --help` did not run
+
+
+@dataclass(frozen=True)
+class Image:
+    present: bool = False
+    id: str = ""
+    inside: Optional[InsideImage] = None  # None when the image is not on the node
+    unavailable: Optional[str] = None
+
+
+class GpuSource(Enum):
+    NVIDIA_SMI = "nvidia-smi"
+    GPU_PROBE = "gpuProbe"  # the cluster catalog's stand-in command (the lab)
+    RUNTIME = "runtime"  # nvidia-smi through the NVIDIA container runtime
+
+
+@dataclass(frozen=True)
+class Gpus:
+    source: Optional[GpuSource] = None
+    names: tuple[str, ...] = ()
+    error: Optional[str] = None  # what the source said when it failed
+    unavailable: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Route:
+    """How this node reaches a peer's fabric IP (`ip route get`)."""
+    dev: str = ""
+    src: str = ""
+    via: Optional[str] = None
+    error: Optional[str] = None  # no route
+
+
+@dataclass(frozen=True)
+class Fabric:
+    exists: bool = False  # the cluster's fabric interface is on the node
+    up: bool = False
+    state: str = ""  # its operstate
+    mtu: Optional[int] = None
+    addrs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # every interface -> its IPv4 CIDRs
+    routes: Mapping[str, Route] = field(default_factory=dict)  # peer node name -> the route to it
+    unavailable: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Model:
+    exists: bool = False  # the model path is a folder
+    is_file: bool = False  # the model path is a file
+    files: tuple[tuple[str, int], ...] = ()  # (path in the folder, size in bytes), sorted
+    config: Optional[Mapping[str, Any]] = None  # what preflight reads of config.json; None without one
+    sha256: Mapping[str, str] = field(default_factory=dict)  # weight file -> its SHA-256, with hashWeights
+    unavailable: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Memory:
+    total_kib: int = 0  # MemTotal
+    unavailable: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class PortHolder:
+    pid: int
+    process: str
+    container: str = ""  # the Docker container the process runs in
+    stack: str = ""  # that container's spark-vllm stack label
+    exiting: bool = False  # gone since `ss` listed it
+
+
+@dataclass(frozen=True)
+class Port:
+    free: bool
+    hidden: bool = False  # in use, but `ss` names its owner only to root
+    holders: tuple[PortHolder, ...] = ()
+
+
+@dataclass(frozen=True)
+class Ports:
+    by_port: Mapping[int, Port] = field(default_factory=dict)
+    unavailable: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Guard:
+    hooked: tuple[str, ...] = ()  # this stack's chains hooked into INPUT
+    unavailable: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    ssh_error: Optional[str] = None  # SSH failed, so nothing was gathered
+    probe_error: Optional[str] = None  # the probe did not run, so nothing was gathered
+    seconds: float = 0.0  # how long the probe took, SSH included
+    timings: Mapping[str, float] = field(default_factory=dict)  # seconds per group of facts
+    docker: Docker = Docker()
+    image: Optional[Image] = None
+    gpus: Gpus = Gpus()
+    fabric: Fabric = Fabric()
+    model: Optional[Model] = None
+    memory: Memory = Memory()
+    ports: Optional[Ports] = None
+    guard: Optional[Guard] = None
+    rsync: Optional[bool] = None  # whether rsync is installed, with preflight.syncWeights
+
+    @property
+    def reachable(self) -> bool:
+        return self.ssh_error is None and self.probe_error is None
+
+
+def parse(raw: Mapping[str, Any]) -> NodeFacts:
+    """The facts from the probe's JSON, with `seconds`; or `sshError` or `probeError` (preflight/probing.py)."""
+    def group(key: str, cls: type, make: Callable[[Mapping[str, Any]], Any]) -> Any:
+        value = raw.get(key)
+        if value is None:
+            return None
+        return cls(unavailable=value["unavailable"]) if "unavailable" in value else make(value)
+
+    return NodeFacts(
+        ssh_error=raw.get("sshError"), probe_error=raw.get("probeError"), seconds=raw.get("seconds", 0.0),
+        timings=raw.get("timings", {}),
+        docker=group("docker", Docker, _docker) or Docker(),
+        image=group("image", Image, _image),
+        gpus=group("gpus", Gpus, _gpus) or Gpus(),
+        fabric=group("fabric", Fabric, _fabric) or Fabric(),
+        model=group("model", Model, _model),
+        memory=group("memory", Memory, lambda value: Memory(total_kib=value["totalKib"])) or Memory(),
+        ports=group("ports", Ports, _ports),
+        guard=group("guard", Guard, lambda value: Guard(hooked=tuple(value["hooked"]))),
+        rsync=raw.get("rsync"))
+
+
+def _docker(value: Mapping[str, Any]) -> Docker:
+    return Docker(server=value.get("server", ""), driver=value.get("driver", ""), error=value.get("error"))
+
+
+def _image(value: Mapping[str, Any]) -> Image:
+    inside = value.get("inside")
+    if inside is None:
+        return Image(present=value["present"], id=value.get("id", ""))
+    archs = tuple(inside["archs"]) if "archs" in inside else None
+    return Image(present=value["present"], id=value.get("id", ""), inside=InsideImage(
+        ray=inside.get("ray", ""), vllm=inside.get("vllm", ""), archs=archs, error=inside.get("error"),
+        ray_error=inside.get("rayError"), vllm_error=inside.get("vllmError"), serve_nnodes=inside.get("serveNnodes"),
+        serve_help_error=inside.get("serveHelpError")))
+
+
+def _gpus(value: Mapping[str, Any]) -> Gpus:
+    return Gpus(source=GpuSource(value["source"]), names=tuple(value.get("names", ())), error=value.get("error"))
+
+
+def _fabric(value: Mapping[str, Any]) -> Fabric:
+    routes = {peer: Route(dev=route.get("dev") or "", src=route.get("src") or "", via=route.get("via"),
+                          error=route.get("error"))
+              for peer, route in value.get("routes", {}).items()}
+    return Fabric(exists=value["exists"], up=value.get("up", False), state=value.get("state", ""),
+                  mtu=value.get("mtu"), addrs={name: tuple(cidrs) for name, cidrs in value.get("addrs", {}).items()},
+                  routes=routes)
+
+
+def _model(value: Mapping[str, Any]) -> Model:
+    return Model(exists=value["exists"], is_file=value.get("isFile", False),
+                 files=tuple((name, size) for name, size in value.get("files", ())), config=value.get("config"),
+                 sha256=value.get("sha256", {}))
+
+
+def _ports(value: Mapping[str, Any]) -> Ports:
+    return Ports(by_port={int(port): Port(free=state["free"], hidden=state.get("hidden", False), holders=tuple(
+        PortHolder(pid=holder["pid"], process=holder.get("process", ""), container=holder.get("container", ""),
+                   stack=holder.get("stack", ""), exiting=holder.get("exiting", False))
+        for holder in state.get("holders", ()))) for port, state in value.items()})

@@ -1,0 +1,143 @@
+"""The one way this program reaches a node: every ssh option, the jump host and connection sharing.
+
+The Docker provider's `sshOpts`, preflight's probe, scripts/status and the weights sync's hop between nodes all
+take their ssh command lines from here. Building a command line has no side effect; `run` makes the folder for
+shared connections, as SparkNode does before a provider connects.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from typing import Optional
+
+from .config import ClusterSpec, NodeSpec, SshSpec
+
+# `~` is expanded by ssh itself, so the provider's inputs are the same on every workstation.
+CONTROL_DIR = "~/.cache/spark-vllm/ssh"
+CONNECT_TIMEOUT_S = 15
+ALIVE_INTERVAL_S = 15
+# ssh exits 255 when it fails itself, and also when the remote command exits 255 or the connection drops while it
+# runs. The remote shell prints this line first, so a 255 without it is a failure before the command ran.
+STARTED = "spark-vllm: command started"
+ATTEMPTS = 3
+FIRST_BACKOFF_S = 1.0
+# An ssh failure that a retry cannot mend: the answer would be the same.
+PERMANENT = ("Permission denied", "Host key verification failed", "Could not resolve hostname",
+             "Too many authentication failures")
+
+
+def ssh_options(ssh: SshSpec) -> list[str]:
+    """Options for the local `ssh` binary, which pulumi-docker runs to reach a node's Docker daemon."""
+    opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+            "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}",
+            "-o", f"StrictHostKeyChecking={ssh.strict_host_key_checking}"]
+    if ssh.control_persist_s:
+        # pulumi-docker runs one ssh per Docker API connection; one shared connection a node (and hop) saves
+        # a key exchange each time. ssh does not create the socket's folder: ensure_control_dir does.
+        opts += ["-o", "ControlMaster=auto", "-o", f"ControlPath={CONTROL_DIR}/%C",
+                 "-o", f"ControlPersist={ssh.control_persist_s}"]
+    if ssh.known_hosts_file:
+        opts += ["-o", f"UserKnownHostsFile={ssh.known_hosts_file}"]
+    if ssh.key_file:
+        opts += ["-o", "IdentitiesOnly=yes", "-i", ssh.key_file]
+    return opts
+
+
+def provider_ssh_opts(ssh: SshSpec, jump: Optional[NodeSpec]) -> list[str]:
+    """The Docker provider's `sshOpts` for a node, reached through `jump` when it is set."""
+    opts = ssh_options(ssh)
+    if jump is not None:
+        # A ProxyCommand carries every option to the jump hop too; `ssh -J` would drop the -o options there.
+        # ssh expands %-tokens in a ProxyCommand: the hop's own tokens (%C) must reach it as written.
+        hop = ["ssh", *(o.replace("%", "%%") for o in opts), "-p", str(jump.ssh_port), "-W", "%h:%p",
+               f"{jump.ssh_user}@{jump.ssh_host}"]
+        opts += ["-o", "ProxyCommand=" + shlex.join(hop)]
+    return opts
+
+
+def ensure_control_dir(ssh: SshSpec) -> None:
+    """The folder of the shared connections' sockets; it must be private."""
+    if ssh.control_persist_s:
+        os.makedirs(os.path.expanduser(CONTROL_DIR), mode=0o700, exist_ok=True)
+
+
+def jump_of(cluster: ClusterSpec, node: NodeSpec) -> Optional[NodeSpec]:
+    """The node that `node` is reached through, if any."""
+    return cluster.node(node.via) if node.via else None
+
+
+def ssh_argv(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str, shared: bool = True) -> list[str]:
+    """The local `ssh` command line that runs `command` on `node`, as the Docker provider reaches it. Not `shared`,
+    it opens a connection of its own (ssh takes the first value of an option, so this goes first)."""
+    own = [] if shared else ["-o", "ControlPath=none"]
+    return ["ssh", *own, *provider_ssh_opts(ssh, jump), "-p", str(node.ssh_port), f"{node.ssh_user}@{node.ssh_host}",
+            "--", command]
+
+
+def _never_started(done: subprocess.CompletedProcess) -> bool:
+    return done.returncode == 255 and STARTED not in done.stderr
+
+
+def run(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str, stdin: str = "",
+        timeout: float = 60) -> subprocess.CompletedProcess:
+    """Runs a shell command on `node`, through `jump` when it is set; raises subprocess.TimeoutExpired after
+    `timeout` s, retries included.
+
+    A connection that fails before the command started is tried again, up to ATTEMPTS times with a doubling
+    pause; a command that started is never run twice. Exit status 255 with the command not started means ssh
+    could not reach the node, and stderr says why.
+    """
+    ensure_control_dir(ssh)
+    argv = ssh_argv(ssh, node, jump, f"echo {shlex.quote(STARTED)} >&2; {command}")
+    deadline, pause = time.monotonic() + timeout, FIRST_BACKOFF_S
+    for attempt in range(1, ATTEMPTS + 1):
+        done = subprocess.run(argv, input=stdin, capture_output=True, text=True,
+                              timeout=max(deadline - time.monotonic(), 0.1))
+        retry = _never_started(done) and not any(p in done.stderr for p in PERMANENT)
+        done.stderr = "".join(line for line in done.stderr.splitlines(keepends=True) if line.rstrip() != STARTED)
+        if not retry or attempt == ATTEMPTS or time.monotonic() + pause >= deadline:
+            break
+        time.sleep(pause)
+        pause *= 2
+    done.args = argv
+    return done
+
+
+def stream(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str) -> int:
+    """Runs a command on `node` with this terminal's input and output until it ends, or Ctrl-C or SIGTERM stops it:
+    for commands that follow (`tail -F`), which no timeout bounds. Returns its exit status."""
+    ensure_control_dir(ssh)
+    # Its own connection: a shared one hands this terminal's output to the master ssh, which would keep it open
+    # (and the command running) after this ssh is stopped.
+    child = subprocess.Popen(ssh_argv(ssh, node, jump, command, shared=False))
+    # ssh holds this process's output: a SIGTERM that ended only this process would leave ssh running.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: child.terminate())
+    try:
+        code = child.wait()
+    except KeyboardInterrupt:
+        child.terminate()
+        code = child.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 128 - code if code < 0 else code
+
+
+def rsync_argv(path: str, node: NodeSpec, host: str, checksum: bool, with_key: bool) -> list[str]:
+    """rsync from this node's `path` to the same path on `node` at `host`, for a script that runs on a node.
+
+    The hop's key and known hosts are files in the folder $SPARK_VLLM_SSH_DIR of the running script (ssh expands
+    it); host keys are accepted on first use into that run's own known_hosts.
+    """
+    hop = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+           "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}", "-o", "LogLevel=ERROR",
+           "-o", "StrictHostKeyChecking=accept-new", "-o", "UserKnownHostsFile=${SPARK_VLLM_SSH_DIR}/known_hosts"]
+    if with_key:
+        hop += ["-o", "IdentitiesOnly=yes", "-o", "IdentityFile=${SPARK_VLLM_SSH_DIR}/key"]
+    hop += ["-p", str(node.ssh_port)]
+    return ["rsync", "-a", "--checksum" if checksum else "--size-only",
+            f"--rsync-path=mkdir -p {shlex.quote(path)} && rsync", "-e", " ".join(hop),
+            f"{path}/", f"{node.ssh_user}@{host}:{path}/"]

@@ -1,0 +1,459 @@
+"""Preflight's judgement: every node's facts -> findings, one a node and check (pure, so every message is
+unit-tested)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Mapping, Optional
+
+from ..config import Deployment, NodeSpec
+from ..node_facts import GpuSource, Model, NodeFacts
+from ..fabric_guard import GuardState, chain_name, guard_state
+from ..mp_rank import container_name as rank_container_name
+from ..ray_node import container_name
+from ..text import size
+from ..weight_manifests import WEIGHT_SUFFIXES, weight_differences
+
+GIB = 1 << 30
+# On a GB10 about 101-102 GiB of 121.69 GiB is free at boot, and vLLM refuses to start when the requested share
+# is not free: 0.87 fails there, 0.85 (the reference stack) works.
+UNIFIED_UTILIZATION_LIMIT = 0.86
+# CUDA graph capture needs headroom beyond the KV cache; the seed's load was killed at 95 % without eager mode.
+EAGER_OFF_UTILIZATION_LIMIT = 0.80
+OVERHEAD_BYTES_PER_GPU = 4 * GIB  # CUDA context, activations and NCCL buffers: a rough estimate
+CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "weights", "memory", "ports", "guard")
+
+
+class Status(StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Finding:
+    node: str
+    check: str
+    status: Status
+    reason: str
+    fix: str = ""
+
+
+# A node and its facts: the one that others are compared with.
+Reference = Optional[tuple[str, NodeFacts]]
+
+
+def ssh_target(node: NodeSpec) -> str:
+    port = "" if node.ssh_port == 22 else f" -p {node.ssh_port}"
+    return f"ssh {node.ssh_user}@{node.ssh_host}{port}" + (f" via {node.via}" if node.via else "")
+
+
+def evaluate(deployment: Deployment, by_node: dict[str, NodeFacts]) -> list[Finding]:
+    cluster = deployment.cluster
+    findings = [check_ssh(node, by_node[node.name]) for node in cluster.nodes]
+    reachable = {name: facts for name, facts in by_node.items() if facts.reachable}
+    ref_image = _reference(deployment, reachable, lambda facts: facts.image is not None and facts.image.present)
+    ref_model = _reference(deployment, reachable, lambda facts: facts.model is not None and facts.model.exists)
+    for node in (n for n in cluster.nodes if n.name in reachable):
+        facts = reachable[node.name]
+        findings += [check_gpus(deployment, node, facts), check_fabric(deployment, node, facts, reachable),
+                     check_image(deployment, node, facts, ref_image), check_runtime(deployment, node, facts),
+                     check_architecture(deployment, node, facts), check_weights(deployment, node, facts, ref_model),
+                     check_memory(deployment, node, facts, ref_model)]
+        if node.head:
+            findings.append(check_ports(deployment, node, facts))
+        if cluster.fabric_guard:
+            findings.append(check_guard(deployment, node, facts))
+    order = {name: i for i, name in enumerate(CHECKS)}
+    nodes_order = {n.name: i for i, n in enumerate(cluster.nodes)}
+    return sorted(findings, key=lambda x: (nodes_order[x.node], order[x.check]))
+
+
+def _reference(deployment: Deployment, reachable: dict[str, NodeFacts], has) -> Reference:
+    """The node others are compared with: the head when it has the thing, else the first node that does."""
+    for node in sorted(deployment.cluster.nodes, key=lambda n: not n.head):
+        if node.name in reachable and has(reachable[node.name]):
+            return node.name, reachable[node.name]
+    return None
+
+
+def _could_not(node: str, check: str, why: str, fix: str = "") -> Finding:
+    return Finding(node, check, Status.WARN, f"could not check: {why}", fix)
+
+
+def check_ssh(node: NodeSpec, facts: NodeFacts) -> Finding:
+    check, target = "ssh+docker", ssh_target(node)
+    if facts.ssh_error is not None:
+        hop = f" and that {node.via} can reach {node.ssh_host}" if node.via else ""
+        return Finding(node.name, check, Status.FAIL, f"{target} {facts.ssh_error}; the other checks did not run there",
+                       f"check the host, user and key in the cluster catalog{hop}")
+    if facts.probe_error is not None:
+        return _could_not(node.name, check, f"{facts.probe_error}, so no check ran there",
+                          "install python3 on the node, or set spark-vllm:preflight.enabled to false")
+    docker = facts.docker
+    if docker.unavailable:
+        return Finding(node.name, check, Status.FAIL, f"docker: {docker.unavailable}",
+                       "install Docker with the NVIDIA container runtime")
+    if docker.error is not None:
+        denied = "permission denied" in docker.error.lower()
+        return Finding(node.name, check, Status.FAIL, f"Docker does not answer: {docker.error}",
+                       f"add {node.ssh_user} to the docker group (`sudo usermod -aG docker {node.ssh_user}`)" if denied
+                       else "start the Docker daemon (`sudo systemctl start docker`)")
+    slowest = max(facts.timings.items(), key=lambda item: item[1], default=None)
+    return Finding(node.name, check, Status.OK,
+                   f"{target}; Docker {docker.server}, storage driver {docker.driver}; "
+                   f"probe took {facts.seconds:.1f} s" + (f", the {slowest[0]} facts {slowest[1]:.1f} s of it"
+                                                          if slowest else ""))
+
+
+GPU_SOURCES = {GpuSource.NVIDIA_SMI: "nvidia-smi -L",
+               GpuSource.GPU_PROBE: "preflight.gpuProbe of the cluster catalog, a stand-in for nvidia-smi -L",
+               GpuSource.RUNTIME: "nvidia-smi -L through the NVIDIA container runtime"}
+
+
+def check_gpus(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+    gpus, want = facts.gpus, deployment.cluster.gpus_per_node
+    if gpus.unavailable or gpus.source is None:
+        return _could_not(node.name, "gpus", gpus.unavailable or "no GPU facts",
+                          "install the NVIDIA driver's nvidia-smi on the node")
+    source = GPU_SOURCES[gpus.source]
+    if gpus.error is not None:
+        return Finding(node.name, "gpus", Status.FAIL, f"{source} failed: {gpus.error}",
+                       "check the NVIDIA driver: run nvidia-smi on the node")
+    names = gpus.names
+    counted = f"{len(names)} GPU{'s' if len(names) != 1 else ''}" + (f" ({', '.join(names)})" if names else "")
+    if len(names) < want:
+        return Finding(node.name, "gpus", Status.FAIL, f"{counted} from {source}; ray.gpusPerNode is {want}",
+                       "check the NVIDIA driver (nvidia-smi), or lower ray.gpusPerNode")
+    return Finding(node.name, "gpus", Status.OK, f"{counted} from {source}")
+
+
+def _unified(facts: NodeFacts) -> bool:
+    """A GB10 (DGX Spark): the GPU and the CPU share the node's memory."""
+    return any("GB10" in name for name in facts.gpus.names)
+
+
+def _ips(cidrs: tuple[str, ...]) -> list[str]:
+    return [cidr.split("/")[0] for cidr in cidrs]
+
+
+def check_fabric(deployment: Deployment, node: NodeSpec, facts: NodeFacts, reachable: dict[str, NodeFacts]) -> Finding:
+    cluster = deployment.cluster
+    fabric, iface, ip = facts.fabric, cluster.fabric_interface, node.fabric_ip
+    if fabric.unavailable:
+        return _could_not(node.name, "fabric", fabric.unavailable, "install iproute2 on the node")
+    if not fabric.exists:
+        return Finding(node.name, "fabric", Status.FAIL,
+                       f"{iface} does not exist (interfaces: {', '.join(sorted(fabric.addrs))})",
+                       "set fabricInterface in the cluster catalog to the fabric port (`ibdev2netdev` shows it)")
+    if not fabric.up:
+        return Finding(node.name, "fabric", Status.FAIL, f"{iface} is {fabric.state.lower()}",
+                       f"bring it up (`sudo ip link set {iface} up`) and check the cable")
+    held = fabric.addrs.get(iface, ())
+    if ip not in _ips(held):
+        elsewhere = [name for name, cidrs in fabric.addrs.items() if ip in _ips(cidrs)]
+        where = f"; {ip} is on {elsewhere[0]}, not the fabric" if elsewhere else ""
+        fix = (f"set {node.name}'s fabricIp to {_ips(held)[0]} in the cluster catalog, or add {ip} to {iface}"
+               if held else f"add {ip} to {iface} (`sudo ip addr add {ip}/24 dev {iface}`)")
+        return Finding(node.name, "fabric", Status.FAIL,
+                       f"{iface} holds {', '.join(held) or 'no IPv4 address'}, not fabricIp {ip}{where}", fix)
+    problems = []
+    for peer in cluster.nodes:
+        route = fabric.routes.get(peer.name)
+        if route is None:
+            continue
+        if route.error is not None:
+            problems.append((f"no route to {peer.name} ({peer.fabric_ip}): {route.error}",
+                             f"give {iface} an address in {peer.name}'s fabric subnet"))
+        elif route.dev != iface:
+            problems.append((f"traffic to {peer.name} ({peer.fabric_ip}) leaves through {route.dev} "
+                             f"(from {route.src}), not {iface}: Ray and NCCL would use the management network, "
+                             f"the seed's first failure",
+                             f"give {iface} an address in {peer.name}'s fabric subnet, or fix {peer.name}'s fabricIp"))
+        elif route.src != ip:
+            problems.append((f"traffic to {peer.name} ({peer.fabric_ip}) leaves {iface} from {route.src}, "
+                             f"not fabricIp {ip}", f"make {ip} the primary address of {iface}"))
+    if problems:
+        return Finding(node.name, "fabric", Status.FAIL, "; ".join(p for p, _ in problems),
+                       "; ".join(dict.fromkeys(fix for _, fix in problems)))
+    mine = next(cidr for cidr in held if cidr.split("/")[0] == ip)
+    peers = [p.name for p in cluster.nodes if p.name in fabric.routes]
+    reason = f"{iface} up, {mine}, MTU {fabric.mtu}" + (f"; routes to {', '.join(peers)} leave through it"
+                                                        if peers else "")
+    head = reachable[cluster.head.name].fabric if cluster.head.name in reachable else None
+    if not node.head and head is not None and head.exists and head.mtu != fabric.mtu:
+        return Finding(node.name, "fabric", Status.WARN, f"{reason}; but {cluster.head.name}'s MTU is {head.mtu}",
+                       f"set the same MTU (9000 on Sparks) on {iface} of every node")
+    return Finding(node.name, "fabric", Status.OK, reason)
+
+
+def _short(image_id: str) -> str:
+    return image_id.split(":", 1)[-1][:12]
+
+
+def check_image(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: Reference) -> Finding:
+    image, name = facts.image, deployment.serve.image
+    if image is None:
+        return _could_not(node.name, "image", "Docker does not answer")
+    if image.unavailable:
+        return _could_not(node.name, "image", image.unavailable)
+    copy = (f"on {ref[0]}: docker save {name} | ssh {node.ssh_user}@{node.fabric_ip} docker load"
+            if ref and ref[0] != node.name else f"docker pull {name}")
+    if not image.present:
+        return Finding(node.name, "image", Status.FAIL, f"{name} is not on {node.name}", f"put it there: {copy}")
+    ref_image = ref[1].image if ref is not None else None
+    if ref is not None and ref_image is not None and image.id != ref_image.id:
+        return Finding(node.name, "image", Status.FAIL,
+                       f"{node.name} has {name} as {_short(image.id)}, {ref[0]} as {_short(ref_image.id)}",
+                       f"put the same build on every node: {copy}")
+    return Finding(node.name, "image", Status.OK, f"{name} is {_short(image.id)}" +
+                   (", the same on every node" if len(deployment.cluster.nodes) > 1 else ""))
+
+
+def check_runtime(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+    image = facts.image
+    inside = image.inside if image is not None else None
+    if image is None or inside is None:
+        why = ("Docker does not answer" if image is None else image.unavailable if image.unavailable
+               else "the image is not on the node")
+        return _could_not(node.name, "ray+vllm", why)
+    if inside.error is not None:
+        return Finding(node.name, "ray+vllm", Status.FAIL,
+                       f"python3 does not run in {deployment.serve.image}: {inside.error}",
+                       "use an image with python3, Ray and vLLM")
+    problems = []
+    mp = deployment.serve.executor == "mp"
+    if inside.ray_error is not None and not mp:
+        problems.append((f"the image has no Ray ({inside.ray_error})",
+                         "use `executor: mp` (vLLM's own executor, no Ray), or an image with Ray "
+                         "(`pip install ray[default]`): NGC vLLM images from 26.04 on lack it"))
+    if inside.vllm_error is not None:
+        problems.append((f"the image has no working vLLM ({inside.vllm_error})", "use a vLLM image"))
+    elif mp and inside.serve_nnodes is False:
+        problems.append(("the image's `vllm serve` takes no --nnodes, so its vLLM cannot run the mp executor "
+                         "across nodes", "use a newer vLLM image, or `executor: ray` with an image that has Ray"))
+    if problems:
+        return Finding(node.name, "ray+vllm", Status.FAIL, "; ".join(p for p, _ in problems),
+                       "; ".join(fix for _, fix in problems))
+    if mp and inside.serve_nnodes is None:
+        return _could_not(node.name, "ray+vllm", f"`vllm serve --help` did not run in the image "
+                                                 f"({inside.serve_help_error or 'no answer'})")
+    if mp:
+        return Finding(node.name, "ray+vllm", Status.OK, f"vllm {inside.vllm}, `serve` takes --nnodes (mp: no Ray "
+                                                         "needed)")
+    return Finding(node.name, "ray+vllm", Status.OK, f"ray {inside.ray}, vllm {inside.vllm}")
+
+
+def check_architecture(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+    model, path = facts.model, deployment.serve.model_path
+    inside = facts.image.inside if facts.image is not None else None
+    config_file = f"{path}/config.json"
+    if model is not None and model.unavailable:
+        return _could_not(node.name, "architecture", model.unavailable)
+    if model is None or not model.exists:
+        return _could_not(node.name, "architecture", f"{path} is not on the node")
+    if model.config is None:
+        return Finding(node.name, "architecture", Status.FAIL, f"{config_file} is missing",
+                       "copy the complete checkpoint, config.json included")
+    archs = model.config.get("architectures") or []
+    if not archs:
+        return Finding(node.name, "architecture", Status.FAIL, f"{config_file} names no architectures",
+                       "use a Hugging Face checkpoint whose config.json lists its architectures")
+    if inside is None or inside.archs is None:
+        return _could_not(node.name, "architecture", "the image's vLLM registry could not be read")
+    if not set(archs) & set(inside.archs):
+        return Finding(node.name, "architecture", Status.FAIL,
+                       f"{', '.join(archs)} (from config.json) is not in the registry of the image's "
+                       f"vLLM {inside.vllm}",
+                       f"use an image whose vLLM supports {archs[0]}, or another model")
+    return Finding(node.name, "architecture", Status.OK, f"{', '.join(archs)} is supported by vLLM {inside.vllm}")
+
+
+def _some(names: list[str]) -> str:
+    shown = ", ".join(names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def check_weights(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: Reference) -> Finding:
+    model, path = facts.model, deployment.serve.model_path
+    if model is None:
+        return _could_not(node.name, "weights", "the probe listed no weights")
+    if model.unavailable:
+        return _could_not(node.name, "weights", model.unavailable, f"let {node.ssh_user} read {path}")
+    copy_from = None
+    if ref and ref[0] != node.name:
+        copy_from = (f"copy them from {ref[0]} over the fabric: on {ref[0]}, rsync -a --progress {path}/ "
+                     f"{node.ssh_user}@{node.fabric_ip}:{path}/")
+    head = deployment.cluster.head.name
+    syncs = deployment.preflight.sync_weights and ref is not None and ref[0] == head and ref[0] != node.name
+
+    def differs(reason: str, fix: Optional[str]) -> Finding:
+        """A difference the sync can repair is a warning when it is on, and a failure otherwise."""
+        if not syncs or ref is None:
+            return Finding(node.name, "weights", Status.FAIL, reason, fix or "")
+        lacking = [name for name, holder in ((head, ref[1]), (node.name, facts)) if holder.rsync is False]
+        if lacking:
+            return Finding(node.name, "weights", Status.FAIL,
+                           f"{reason}; spark-vllm:preflight.syncWeights cannot copy them: rsync is not installed on "
+                           f"{' and '.join(lacking)}",
+                           f"install rsync on {' and '.join(lacking)} (`sudo apt-get install rsync`)")
+        return Finding(node.name, "weights", Status.WARN,
+                       f"{reason}; will sync from {head} over the fabric (spark-vllm:preflight.syncWeights)")
+
+    if not model.exists:
+        if model.is_file:
+            return Finding(node.name, "weights", Status.FAIL, f"{path} is a file, not a folder on {node.name}",
+                           copy_from or f"put the model's weights at {path} on every node")
+        return differs(f"{path} is not there on {node.name}",
+                       copy_from or f"put the model's weights at {path} on every node")
+    files = dict(model.files)
+    weights = {name: n for name, n in files.items() if name.endswith(WEIGHT_SUFFIXES)}
+    if not weights:
+        return differs(f"{path} holds no *.safetensors, *.bin or *.pt files",
+                       copy_from or "copy the complete checkpoint")
+    summary = f"{len(weights)} weight file{'s' if len(weights) != 1 else ''}, {size(sum(weights.values()))}"
+    ref_model = ref[1].model if ref is not None and ref[0] != node.name else None
+    if ref is None or ref_model is None:
+        return Finding(node.name, "weights", Status.OK, summary + _hash_note(deployment, model, None))
+    theirs = dict(ref_model.files)
+    missing, differ, changed = weight_differences(model, ref_model, deployment.preflight.hash_weights)
+    extra = sorted(set(files) - set(theirs))
+    problems = []
+    if missing:
+        problems.append(f"{node.name} lacks {_some(missing)}")
+    problems += [f"{node.name}'s {name} is {size(files[name])}, {ref[0]}'s is {size(theirs[name])}"
+                 for name in differ[:3]]
+    if len(differ) > 3:
+        problems.append(f"{len(differ) - 3} more files differ in size")
+    if changed and (not problems or syncs):
+        problems.append(f"{node.name}'s {_some(changed)} differ{'s' if len(changed) == 1 else ''} "
+                        f"from {ref[0]}'s (SHA-256)")
+    if problems:
+        return differs("; ".join(problems), copy_from)
+    if extra:
+        return Finding(node.name, "weights", Status.WARN,
+                       f"{summary}: every file of {ref[0]}, the same size, and also {_some(extra)}"
+                       + _hash_note(deployment, model, ref[0]),
+                       f"remove what {ref[0]} does not have, so every node loads the same files")
+    return Finding(node.name, "weights", Status.OK,
+                   f"{summary}, the same names and sizes as {ref[0]}" + _hash_note(deployment, model, ref[0]))
+
+
+def _hash_note(deployment: Deployment, model: Model, ref: Optional[str]) -> str:
+    if not deployment.preflight.hash_weights:
+        return " (contents not hashed: spark-vllm:preflight.hashWeights is off)"
+    return f"; SHA-256 the same as {ref}'s" if ref else f"; {len(model.sha256)} SHA-256 sums taken"
+
+
+def kv_bytes_per_token(config: Mapping[str, Any]) -> Optional[int]:
+    """K and V of every layer for one token, 16-bit, across the whole model; None when config.json lacks the shape."""
+    layers, heads = config.get("num_hidden_layers"), config.get("num_key_value_heads")
+    head_dim = config.get("head_dim")
+    if head_dim is None and config.get("hidden_size") and config.get("num_attention_heads"):
+        head_dim = config["hidden_size"] // config["num_attention_heads"]
+    if not (isinstance(layers, int) and isinstance(heads, int) and isinstance(head_dim, int)):
+        return None
+    return 2 * layers * heads * head_dim * 2
+
+
+def check_memory(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: Reference) -> Finding:
+    serve, cluster, memory = deployment.serve, deployment.cluster, facts.memory
+    if memory.unavailable:
+        return _could_not(node.name, "memory", memory.unavailable)
+    model = ref[1].model if ref is not None else None
+    if model is None:
+        return _could_not(node.name, "memory", "no node has the weights, so their size is unknown")
+    world = serve.tensor_parallel * serve.pipeline_parallel
+    share = cluster.gpus_per_node / world  # this node's part of the weights and of the KV cache
+    weights = sum(n for name, n in model.files if name.endswith(WEIGHT_SUFFIXES)) * share
+    config = model.config or {}
+    max_len = serve.max_model_len or config.get("max_position_embeddings")
+    per_token = kv_bytes_per_token(config)
+    kv = per_token * max_len * share if per_token and isinstance(max_len, int) else 0
+    overhead = OVERHEAD_BYTES_PER_GPU * cluster.gpus_per_node
+    need, total, util = weights + kv + overhead, memory.total_kib * 1024, serve.gpu_memory_utilization
+    budget = total * util
+    kv_part = f"KV for one {max_len}-token sequence {size(kv)}" if kv else "KV not estimated"
+    reason = (f"needs about {size(need)} (weights {size(weights)}, {kv_part}, overhead {size(overhead)}) "
+              f"of {size(budget)} ({util:g} x {size(total)})")
+    if need > budget:
+        return Finding(node.name, "memory", Status.FAIL, f"{reason}: it does not fit",
+                       "spread the model over more nodes, or lower maxModelLen, or raise gpuMemoryUtilization "
+                       f"(at most {UNIFIED_UTILIZATION_LIMIT} on a GB10)")
+    warnings = []
+    if _unified(facts) and util > UNIFIED_UTILIZATION_LIMIT:
+        warnings.append((f"gpuMemoryUtilization {util:g} is above {UNIFIED_UTILIZATION_LIMIT} on a unified-memory "
+                         f"GB10: only about 101-102 GiB of 121.69 GiB is free at boot, so vLLM's start-up check fails",
+                         f"set spark-vllm:serve.gpuMemoryUtilization to {UNIFIED_UTILIZATION_LIMIT - 0.01:g}"))
+    if not serve.enforce_eager and util > EAGER_OFF_UTILIZATION_LIMIT:
+        warnings.append((f"enforceEager is off at gpuMemoryUtilization {util:g}: CUDA graph capture needs headroom "
+                         f"(the seed's load was killed at 95 % memory)",
+                         f"set spark-vllm:serve.enforceEager to true, or gpuMemoryUtilization to at most "
+                         f"{EAGER_OFF_UTILIZATION_LIMIT:g}"))
+    if warnings:
+        return Finding(node.name, "memory", Status.WARN, "; ".join([reason, *(w for w, _ in warnings)]),
+                       "; ".join(fix for _, fix in warnings))
+    return Finding(node.name, "memory", Status.OK, reason)
+
+
+def check_ports(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+    ports, cluster = facts.ports, deployment.cluster
+    if ports is None or ports.unavailable:
+        return _could_not(node.name, "ports", (ports.unavailable if ports else None) or "the probe listed no ports",
+                          "install iproute2 (ss) on the node")
+    names = cluster.head_ports
+    own_names = {name for n in cluster.nodes
+                 for name in (container_name(deployment.stack, n), rank_container_name(deployment.stack, cluster, n))}
+    status, reasons, fixes = Status.OK, [], []
+    for port, (what, key) in names.items():
+        state, label = ports.by_port[port], f"{port} ({what})"
+        if state.free:
+            reasons.append(f"{label} free")
+            continue
+        if state.hidden:
+            status = Status.FAIL if status is Status.FAIL else Status.WARN
+            reasons.append(f"could not check: {label} is in use, and ss shows its owner only to root")
+            fixes.append(f"see who holds it: `sudo ss -tlnp 'sport = :{port}'`")
+            continue
+        holders = [h for h in state.holders if not h.exiting]
+        if not holders:
+            reasons.append(f"{label} free (its holder, pid {state.holders[0].pid}, exited as it was checked)")
+            continue
+        ours = [h.stack == deployment.stack or h.container in own_names for h in holders]
+        if all(ours):
+            reasons.append(f"{label} held by this stack's {holders[0].container}")
+            continue
+        holder = holders[ours.index(False)]
+        status = Status.FAIL
+        if holder.stack:
+            reasons.append(f"{label} is held by {holder.process} (pid {holder.pid}) in {holder.container} of stack "
+                           f"{holder.stack}")
+            fixes.append(f"destroy that stack first (`pulumi destroy -s {holder.stack}`), or change {key}")
+        elif holder.container:
+            reasons.append(f"{label} is held by {holder.process} (pid {holder.pid}) in container {holder.container}")
+            fixes.append(f"stop it (`docker stop {holder.container}`), or change {key}")
+        else:
+            reasons.append(f"{label} is held by {holder.process} (pid {holder.pid}), outside any container")
+            fixes.append(f"stop that process, or change {key}")
+    return Finding(node.name, "ports", status, "; ".join(reasons), "; ".join(fixes))
+
+
+def check_guard(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+    cluster, guard = deployment.cluster, facts.guard
+    if guard is not None and guard.unavailable:
+        # What stops the check (no iptables, no passwordless sudo) would stop `up` at the guard: fail here, first.
+        return Finding(node.name, "guard", Status.FAIL,
+                       f"could not check: {guard.unavailable}; `up` could not apply the guard either",
+                       f"let {node.ssh_user} run iptables with `sudo -n` (or install iptables), or set "
+                       f"ray.fabricGuard: false")
+    hooked = guard.hooked if guard is not None else None
+    state, chain = guard_state(deployment.stack, cluster, hooked), chain_name(deployment.stack, cluster)
+    if state is GuardState.IN_PLACE:
+        return Finding(node.name, "guard", Status.OK,
+                       f"Ray's ports are closed to all but {cluster.fabric_interface} and loopback (chain {chain})")
+    if state is GuardState.STALE and hooked:
+        return Finding(node.name, "guard", Status.OK,
+                       f"chain {', '.join(hooked)} guards other ports; `up` puts {chain} in first, then removes it")
+    return Finding(node.name, "guard", Status.OK, f"the rules that close Ray's ports to all but "
+                                                  f"{cluster.fabric_interface} are not in place; `up` applies them")

@@ -1,0 +1,39 @@
+"""A stack as the Pulumi CLI shows it, for the scripts that run beside the program (scripts/status, scripts/logs).
+
+Every command names the stack with `--stack`, so none of them changes which stack is selected.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from . import config
+
+
+def pulumi_json(*args: str, stack: str) -> Any:
+    """`pulumi <args> --json` on `stack`; exits with pulumi's error when it fails."""
+    done = subprocess.run(["pulumi", *args, "--json", "--stack", stack], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise SystemExit(f"pulumi {' '.join(args)} --stack {stack} failed: {done.stderr.strip()}")
+    return json.loads(done.stdout)
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    name: str
+    deployment: config.Deployment
+    values: Mapping[str, Any]  # every config value by its full key, secrets shown
+
+
+def read(project: Path, stack: Optional[str]) -> StackConfig:
+    """The named stack's config, validated as `up` validates it; the selected stack when `stack` is None."""
+    name = stack or subprocess.run(["pulumi", "stack", "--show-name"], capture_output=True, text=True,
+                                   check=True).stdout.strip()
+    raw = pulumi_json("config", "--show-secrets", stack=name)
+    values = {key: value.get("objectValue", value.get("value")) for key, value in raw.items()}
+    secret_keys = {key for key, value in raw.items() if value.get("secret")}
+    return StackConfig(name, config.load(name, values, secret_keys, project), values)

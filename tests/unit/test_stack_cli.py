@@ -1,0 +1,77 @@
+"""The scripts' view of a stack through the Pulumi CLI, against a stand-in `pulumi` that records its calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from components import node_runner, stack_cli
+from components.config import load
+from fixtures import stack_config, write_catalog
+from harness import ROOT
+
+FAKE_PULUMI = """#!/bin/sh
+echo "$@" >> "$OUT/calls"
+case "$1 $2" in
+  "stack --show-name") echo selected ;;
+  "config --show-secrets") cat "$OUT/config.json" ;;
+esac
+"""
+
+
+def fake_pulumi(tmp_path, monkeypatch, config: dict):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pulumi").write_text(FAKE_PULUMI)
+    (bin_dir / "pulumi").chmod(0o755)
+    # As `pulumi config --json` prints them: structured values also as objectValue.
+    (tmp_path / "config.json").write_text(json.dumps(
+        {key: {"value": value, "secret": False} if isinstance(value, str) else
+         {"value": json.dumps(value), "objectValue": value, "secret": False} for key, value in config.items()}))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("OUT", str(tmp_path))
+
+
+def test_a_named_stack_is_read_without_selecting_it(tmp_path, monkeypatch):
+    fake_pulumi(tmp_path, monkeypatch, stack_config(write_catalog(tmp_path / "catalog")))
+    selected = stack_cli.read(ROOT, "other")
+    assert selected.name == "other" and selected.deployment.cluster.name == "c3"
+    assert (tmp_path / "calls").read_text().splitlines() == ["config --show-secrets --json --stack other"]
+
+
+def test_without_a_name_the_selected_stack_is_read(tmp_path, monkeypatch):
+    fake_pulumi(tmp_path, monkeypatch, stack_config(write_catalog(tmp_path / "catalog")))
+    assert stack_cli.read(ROOT, None).name == "selected"
+    assert (tmp_path / "calls").read_text().splitlines() == ["stack --show-name",
+                                                            "config --show-secrets --json --stack selected"]
+
+
+def test_stream_runs_the_command_with_this_terminals_output_on_a_connection_of_its_own(tmp_path, monkeypatch, capfd):
+    (tmp_path / "ssh").write_text('#!/bin/sh\necho "$1 $2" >&2\nfor last; do :; done\nexec sh -c "$last"\n')
+    (tmp_path / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cluster = load("t", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT).cluster
+    assert node_runner.stream(cluster.ssh, cluster.head, None, "echo line one; exit 3") == 3
+    assert capfd.readouterr() == ("line one\n", "-o ControlPath=none\n")
+
+
+def test_stream_passes_a_sigterm_on_to_ssh(tmp_path):
+    """A stopped `scripts/logs -f` must not leave its ssh (here: a sleep) holding the output."""
+    (tmp_path / "ssh").write_text('#!/bin/sh\nfor last; do :; done\nexec sh -c "$last"\n')
+    (tmp_path / "ssh").chmod(0o755)
+    catalog = write_catalog(tmp_path / "catalog")
+    program = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests/unit')!r})\n"
+               "from components import node_runner\nfrom components.config import load\n"
+               "from fixtures import stack_config\nfrom pathlib import Path\n"
+               f"cluster = load('t', stack_config(Path({str(catalog)!r})), set(), Path({str(ROOT)!r})).cluster\n"
+               "sys.exit(node_runner.stream(cluster.ssh, cluster.head, None, 'echo started; exec sleep 60'))\n")
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "HOME": str(tmp_path / "home")}
+    child = subprocess.Popen([sys.executable, "-c", program], env=env, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "started\n"
+    child.terminate()
+    out, _ = child.communicate(timeout=10)  # EOF: no process holds the output any more
+    assert child.returncode == 128 + signal.SIGTERM
