@@ -1,5 +1,7 @@
 """spark-vllm: wires the validated stack config to the components; the components hold the logic."""
 
+import hashlib
+import json
 from pathlib import Path
 
 import pulumi
@@ -7,10 +9,11 @@ import pulumi
 from components import config, preflight
 from components.fabric_guard import FabricGuard, FabricGuardArgs
 from components.gate import Gate, GateArgs
-from components.gate_args import cluster_ready_args, serve_ready_args
+from components.gate_args import cluster_ready_args, rank_ready_args, serve_ready_args
+from components.mp_rank import MpRank, MpRankArgs, ranks_digest
 from components.ray_node import RayNode, RayNodeArgs
 from components.spark_node import SparkNode, SparkNodeArgs
-from components.vllm_serve import VllmServe, VllmServeArgs
+from components.vllm_serve import VllmServe, VllmServeArgs, page_cache_drops
 from components.weights_sync import WeightsSync, WeightsSyncArgs
 
 deployment = config.from_pulumi(Path(__file__).parent)
@@ -35,37 +38,76 @@ head_spark = sparks[cluster.head.name]
 sync = WeightsSync("weights-sync", WeightsSyncArgs(
     cluster=cluster, serve=serve, preflight=deployment.preflight, facts=facts, connection=head_spark.connection,
     private_key=private_key)) if deployment.preflight.sync_weights else None
-head = RayNode("ray-head", RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head,
-                                       spark=head_spark, guard=guards.get(cluster.head.name)))
-workers = {
-    node.name: RayNode(f"ray-worker-{node.name}",
-                       RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=node,
-                                   spark=sparks[node.name],
-                                   head=head, guard=guards.get(node.name),
-                                   weights_synced=sync.synced[node.name] if sync else None))
-    for node in cluster.workers
-}
 # The gates were two component types before they were one: the aliases keep existing stacks' gates in place.
-cluster_ready = Gate("cluster-ready", GateArgs(
-    connection=head_spark.connection, container=head.container_name, script="cluster_ready.py",
-    args=cluster_ready_args(cluster), triggers=[head.container_id, *(w.container_id for w in workers.values())],
-    timeout_s=deployment.cluster_ready_timeout_s),
-    opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ClusterReady")]))
-serve_process = VllmServe("vllm-serve", VllmServeArgs(
-    cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
-    cluster_ready_id=cluster_ready.ready_id,
-    secrets={key: stack_config.require_secret(key) for key in deployment.secrets},
-    nodes={name: spark.connection for name, spark in sparks.items()}))
-serve_ready = Gate("serve-ready", GateArgs(
-    connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
-    args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],
-    timeout_s=deployment.serve_ready_timeout_s),
-    opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ServeReady")]))
+SERVE_READY_ALIAS = pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ServeReady")])
+
+
+def ray_engine():
+    """Ray: a `ray start` container a node, Ray's own gate, then `vllm serve` in the head's container."""
+    head = RayNode("ray-head", RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head,
+                                           spark=head_spark, guard=guards.get(cluster.head.name)))
+    workers = {
+        node.name: RayNode(f"ray-worker-{node.name}",
+                           RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=node,
+                                       spark=sparks[node.name], head=head, guard=guards.get(node.name),
+                                       weights_synced=sync.synced[node.name] if sync else None))
+        for node in cluster.workers
+    }
+    cluster_ready = Gate("cluster-ready", GateArgs(
+        connection=head_spark.connection, container=head.container_name, script="cluster_ready.py",
+        args=cluster_ready_args(cluster), triggers=[head.container_id, *(w.container_id for w in workers.values())],
+        timeout_s=deployment.cluster_ready_timeout_s),
+        opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ClusterReady")]))
+    serve_process = VllmServe("vllm-serve", VllmServeArgs(
+        cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
+        cluster_ready_id=cluster_ready.ready_id,
+        secrets={key: stack_config.require_secret(key) for key in deployment.secrets},
+        nodes={name: spark.connection for name, spark in sparks.items()}))
+    serve_ready = Gate("serve-ready", GateArgs(
+        connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
+        args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],
+        timeout_s=deployment.serve_ready_timeout_s), opts=SERVE_READY_ALIAS)
+    return {cluster.head.name: head.container_id, **{n: w.container_id for n, w in workers.items()}}, serve_ready
+
+
+def mp_engine():
+    """mp: a `vllm serve --node-rank k` container a node, every rank restarting together; a gate a node (its rank
+    reaches the master), then the serve gate on the head, run on the node beside rank 0."""
+    secrets = {key: stack_config.require_secret(key) for key in deployment.secrets}
+    keys = sorted(secrets)
+    # Every rank's settings, the images and the secrets: a change of any restarts all ranks together.
+    digest = pulumi.Output.all(*(s.image_id for s in sparks.values()), *(secrets[k] for k in keys)).apply(
+        lambda values: hashlib.sha256(json.dumps([ranks_digest(cluster, serve), values]).encode()).hexdigest()[:16])
+    drops = page_cache_drops("mp-serve", None, {n: s.connection for n, s in sparks.items()},
+                             [digest]) if serve.drop_page_cache else []
+    head = MpRank(f"vllm-rank-{cluster.head.name}", MpRankArgs(
+        stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head, spark=head_spark, digest=digest,
+        secrets=secrets, depends_on=(guards.get(cluster.head.name), *drops)))
+    ranks = {cluster.head.name: head, **{
+        node.name: MpRank(f"vllm-rank-{node.name}", MpRankArgs(
+            stack=deployment.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name], digest=digest,
+            head=head, depends_on=(guards.get(node.name), sync.synced[node.name] if sync else None, *drops)))
+        for node in cluster.workers}}
+    ids = [rank.container_id for rank in ranks.values()]
+    # Without these, a rank that cannot reach the master (the seed's c10d failure: the master on the head's
+    # management address) would show only as a head that never loads, until the serve gate's long bound.
+    ranks_ready = [Gate(f"ranks-ready-{name}", GateArgs(
+        connection=sparks[name].connection, container=None, script="rank_ready.py",
+        args=rank_ready_args(cluster, name, rank.container_name), triggers=ids,
+        timeout_s=deployment.cluster_ready_timeout_s)) for name, rank in ranks.items()]
+    serve_ready = Gate("serve-ready", GateArgs(
+        connection=head_spark.connection, container=None, script="serve_ready.py",
+        args=serve_ready_args(cluster, serve, rank0=head.container_name),
+        triggers=[head.container_id, *(gate.ready_id for gate in ranks_ready)],
+        timeout_s=deployment.serve_ready_timeout_s), opts=SERVE_READY_ALIAS)
+    return {name: rank.container_id for name, rank in ranks.items()}, serve_ready
+
+
+container_ids, serve_ready = mp_engine() if serve.executor == "mp" else ray_engine()
 
 # The URL is exported only once the model answers, so a stack output always points at a working endpoint.
 pulumi.export("baseUrl", serve_ready.ready_id.apply(
     lambda _: f"http://{cluster.endpoint_host}:{cluster.api_port}/v1"))
 pulumi.export("servedModel", serve.served_name)
 pulumi.export("fabricIps", {node.name: node.fabric_ip for node in cluster.nodes})
-pulumi.export("containerIds", {cluster.head.name: head.container_id,
-                               **{name: worker.container_id for name, worker in workers.items()}})
+pulumi.export("containerIds", container_ids)

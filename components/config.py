@@ -8,6 +8,7 @@ outputs; `Deployment.secrets` says which ones are set.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -71,6 +72,8 @@ class ClusterSpec:
     endpoint_host: str
     nodes: tuple[NodeSpec, ...]
     gpu_probe: Optional[str] = None  # a stand-in for `nvidia-smi -L` where a node has no GPU (the lab)
+    master_port: int = 29501  # mp: rank 0's rendezvous port (torch.distributed's store), on the head
+    executor: str = "ray"  # the deployment's `serve.executor`: which ports the nodes open depends on it
 
     @property
     def head(self) -> NodeSpec:
@@ -88,9 +91,20 @@ class ClusterSpec:
         return next(n for n in self.nodes if n.name == name)
 
     @property
+    def head_ports(self) -> dict[int, tuple[str, str]]:
+        """The fixed ports the head opens, with what holds them and their config key."""
+        if self.executor == "mp":
+            return {self.master_port: ("mp master", "mp.masterPort"), self.api_port: ("API", "api.port")}
+        return {self.ray_port: ("Ray GCS", "ray.port"), self.dashboard_port: ("dashboard", "ray.dashboardPort"),
+                self.api_port: ("API", "api.port")}
+
+    @property
     def guarded_ports(self) -> list[str]:
         """Every TCP port Ray listens on, as iptables --dport values ("6379", "10002:19999"); "ephemeral" is the
-        node's own ip_local_port_range, where the raylet's random ports are."""
+        node's own ip_local_port_range, where the raylet's random ports are. With mp: the master port, and the
+        ephemeral range where each rank's NCCL, gloo and message-queue ports are."""
+        if self.executor == "mp":
+            return [str(self.master_port), "ephemeral"]
         low, high = self.worker_ports
         fixed = (self.ray_port, self.dashboard_port, *self.ray_ports.values(), *self.ray_port_env.values())
         return [str(p) for p in fixed] + [f"{low}:{high}", "ephemeral"]
@@ -111,6 +125,7 @@ class ServeSpec:
     max_num_seqs: Optional[int]
     extra_args: tuple[str, ...]
     drop_page_cache: bool = False  # drop every node's page cache before each start of the serve (needs root)
+    executor: str = "ray"  # vLLM's --distributed-executor-backend across nodes: "ray", or "mp" (no Ray)
 
 
 @dataclass(frozen=True)
@@ -150,6 +165,7 @@ RAY_PORTS = {"runtime-env-agent-port": ("runtimeEnvAgentPort", 6380),
 # Two metrics servers on the head that `ray start` has no flag for; Ray reads their ports from the environment.
 RAY_PORT_ENV = {"AUTOSCALER_METRIC_PORT": ("autoscalerMetricsPort", 44217),
                 "DASHBOARD_METRIC_PORT": ("dashboardMetricsPort", 44227)}
+EXECUTORS = ("ray", "mp")  # vLLM's own names for its executors across nodes
 LOAD_FORMATS = ("auto", "safetensors", "fastsafetensors", "runai_streamer", "pt", "dummy")
 
 
@@ -187,6 +203,7 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
     cluster = _cluster(clusters, cluster_name)
     preset = _catalog_entry(catalog_dir, catalog_name, "models.yaml", model_name, stack_file, "model")
     serve = _serve(preset, overrides, model_name)
+    cluster = dataclasses.replace(cluster, executor=serve.executor)
 
     world = serve.tensor_parallel * serve.pipeline_parallel
     if world != cluster.total_gpus:
@@ -269,6 +286,9 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
     worker_ports = (ray.port("minWorkerPort", 10002), ray.port("maxWorkerPort", 19999))
     fabric_guard = ray.bool("fabricGuard", True)
     ray.done()
+    mp = c.section("mp")
+    master_port = mp.port("masterPort", 29501)
+    mp.done()
     docker = c.section("docker")
     docker_gpus = docker.gpus("gpus", "all")
     rdma = docker.bool("rdma", True)
@@ -295,7 +315,7 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
     _check_ports(c, {"ray.port": ray_port, "ray.dashboardPort": dashboard_port,
                      **{f"ray.{RAY_PORTS[flag][0]}": port for flag, port in ray_ports.items()},
                      **{f"ray.{RAY_PORT_ENV[var][0]}": port for var, port in ray_port_env.items()},
-                     "api.port": api_port}, worker_ports)
+                     "mp.masterPort": master_port, "api.port": api_port}, worker_ports)
     head = next(n for n in nodes if n.head)
     return ClusterSpec(name=name, ssh=ssh_spec, fabric_interface=fabric_interface, ray_port=ray_port,
                        dashboard_port=dashboard_port, ray_ports=ray_ports, ray_port_env=ray_port_env,
@@ -303,7 +323,8 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
                        docker_gpus=None if docker_gpus == "none" else docker_gpus, rdma=rdma,
                        shm_size_mb=shm_size_mb, ulimits=ulimits, env=env, hf_cache=hf_cache, api_bind=api_bind,
                        api_port=api_port,
-                       endpoint_host=endpoint_host or head.ssh_host, nodes=tuple(nodes), gpu_probe=gpu_probe)
+                       endpoint_host=endpoint_host or head.ssh_host, nodes=tuple(nodes), gpu_probe=gpu_probe,
+                       master_port=master_port)
 
 
 def _node(n: Section, default_user: str) -> NodeSpec:
@@ -404,7 +425,8 @@ def _serve(preset: Section, overrides: Section, model_name: str) -> ServeSpec:
                      load_format=pick("loadFormat").choice("loadFormat", LOAD_FORMATS, "auto"),
                      max_num_seqs=pick("maxNumSeqs").int("maxNumSeqs", None, lo=1, hi=65536),
                      extra_args=_extra_args(pick("extraArgs")),
-                     drop_page_cache=pick("dropPageCache").bool("dropPageCache", False))
+                     drop_page_cache=pick("dropPageCache").bool("dropPageCache", False),
+                     executor=pick("executor").choice("executor", EXECUTORS, "ray"))
     preset.done()
     overrides._read |= preset._read  # the stack may override any preset key
     overrides.done()
@@ -437,7 +459,7 @@ def _extra_args(s: Section) -> tuple[str, ...]:
             read_as = "" if arg.split("=", 1)[0] == flag else f" (vLLM reads it as {flag})"
             raise s.error(key, arg, f"no {flag} in extraArgs" + (f": set {source} instead" if source else ""),
                           f"is {arg!r}{read_as}: spark-vllm sets {flag} "
-                          + (f"from {source}" if source else "itself, to run vLLM on its Ray cluster")
+                          + (f"from {source}" if source else "itself, to run vLLM across its nodes")
                           + ", and vLLM keeps the last of a repeated flag")
     return args
 

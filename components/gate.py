@@ -1,11 +1,13 @@
 """A readiness gate: a Python script run inside a container on a node, again whenever its triggers change.
 
-The two gates of a deployment are this component with other arguments (components/gate_args.py): the cluster-ready
-gate between the Ray containers and `vllm serve`, and the serve-ready gate after it.
+Every gate of a deployment is this component with other arguments (components/gate_args.py). With Ray: the
+cluster-ready gate between the Ray containers and `vllm serve`, and the serve-ready gate after it. With mp: a
+rank-ready gate a node (its rank reaches the master), then the serve-ready gate on rank 0.
 """
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -21,7 +23,7 @@ REPORT_S = 90
 @dataclass
 class GateArgs:
     connection: command.remote.ConnectionArgs  # of the node whose container runs the script
-    container: str  # where the script runs, with `docker exec`
+    container: Optional[str]  # where the script runs, with `docker exec`; None: on the node itself (it sees Docker)
     script: str  # a file in components/remote, sent on stdin
     args: Sequence[str]  # the script's arguments, besides --timeout
     triggers: Sequence[pulumi.Input[str]]  # a change of any re-runs the gate
@@ -39,10 +41,11 @@ class Gate(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GateArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:Gate", name, None, opts)
+        argv = ["python3", "-", *args.args, f"--timeout={args.timeout_s}"]
         check = command.remote.Command(
             f"{name}-gate",
             connection=args.connection,
-            create=bounded(docker_exec(args.container, ["python3", "-", *args.args, f"--timeout={args.timeout_s}"]),
+            create=bounded(docker_exec(args.container, argv) if args.container else shlex.join(argv),
                            args.timeout_s + REPORT_S),
             stdin=script(args.script),
             triggers=list(args.triggers),

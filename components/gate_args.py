@@ -1,7 +1,9 @@
-"""What each readiness gate checks: the command-line arguments of components/remote/cluster_ready.py and
-serve_ready.py."""
+"""What each readiness gate checks: the command-line arguments of components/remote/cluster_ready.py (Ray),
+rank_ready.py (mp) and serve_ready.py (both)."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 from .config import ClusterSpec, ServeSpec
 from .schema import _is_ipv4 as is_ipv4  # the validator's own check; schema.py is being rewritten, so not renamed
@@ -19,13 +21,25 @@ def cluster_ready_args(cluster: ClusterSpec) -> list[str]:
     return argv
 
 
+def rank_ready_args(cluster: ClusterSpec, node_name: str, container: str) -> list[str]:
+    """mp: on its node, the rank's container runs and reaches the master, the head's fabric IP."""
+    return [f"--node={node_name}", f"--container={container}",
+            f"--master={cluster.head.fabric_ip}:{cluster.master_port}", f"--head-node={cluster.head.name}",
+            f"--interface={cluster.fabric_interface}"]
+
+
 def local_url(cluster: ClusterSpec) -> str:
     host = "127.0.0.1" if cluster.api_bind == "0.0.0.0" else cluster.api_bind
     return f"http://{host}:{cluster.api_port}"
 
 
-def serve_ready_args(cluster: ClusterSpec, serve: ServeSpec) -> list[str]:
-    """/health, then /v1/models listing the model, with the loading progress read from the serve's log."""
-    return [f"--node={cluster.head.name}", f"--url={local_url(cluster)}", f"--model={serve.served_name}",
-            f"--model-path={serve.model_path}", f"--log={LOG_FILE}", f"--pid-file={PID_FILE}",
-            f"--env-file={ENV_FILE}"]
+def serve_ready_args(cluster: ClusterSpec, serve: ServeSpec, rank0: Optional[str] = None) -> list[str]:
+    """/health, then /v1/models listing the model, with the loading progress read from the serve's log.
+
+    With Ray, the serve runs inside the head container (its log, pid and env files); with mp, `rank0` is rank 0's
+    container, on the head node, whose own process is the serve (its log is `docker logs`)."""
+    argv = [f"--node={cluster.head.name}", f"--url={local_url(cluster)}", f"--model={serve.served_name}",
+            f"--model-path={serve.model_path}"]
+    if rank0:
+        return argv + [f"--container={rank0}"]
+    return argv + [f"--log={LOG_FILE}", f"--pid-file={PID_FILE}", f"--env-file={ENV_FILE}"]

@@ -29,6 +29,8 @@ class InsideImage:
     error: Optional[str] = None  # why python3 did not run in the image
     ray_error: Optional[str] = None  # why `import ray` failed
     vllm_error: Optional[str] = None  # why `import vllm` failed
+    serve_nnodes: Optional[bool] = None  # `vllm serve` takes --nnodes (mp across nodes); None: its help did not run
+    serve_help_error: Optional[str] = None  # why `vllm serve --help` did not run
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,8 @@ def _image(value: Mapping[str, Any]) -> Image:
     archs = tuple(inside["archs"]) if "archs" in inside else None
     return Image(present=value["present"], id=value.get("id", ""), inside=InsideImage(
         ray=inside.get("ray", ""), vllm=inside.get("vllm", ""), archs=archs, error=inside.get("error"),
-        ray_error=inside.get("rayError"), vllm_error=inside.get("vllmError")))
+        ray_error=inside.get("rayError"), vllm_error=inside.get("vllmError"), serve_nnodes=inside.get("serveNnodes"),
+        serve_help_error=inside.get("serveHelpError")))
 
 
 def _gpus(value: Mapping[str, Any]) -> Gpus:

@@ -21,8 +21,9 @@ HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
 HEAD_ONLY_RAY_PORTS = {"ray-client-server-port"}  # the Ray client server runs on the head alone
 
 
-def pinned_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
-    """Everything that picks an address or interface, set to the fabric, so nothing can pick the management IP."""
+def fabric_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
+    """Everything that picks an address or interface, set to the fabric, so nothing can pick the management IP.
+    Both executors pin these."""
     iface = cluster.fabric_interface
     return {
         "VLLM_HOST_IP": node.fabric_ip,
@@ -32,6 +33,13 @@ def pinned_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
         "TP_SOCKET_IFNAME": iface,
         "OMPI_MCA_btl_tcp_if_include": iface,
         "MASTER_ADDR": cluster.head.fabric_ip,
+    }
+
+
+def pinned_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
+    """The fabric pinning, and Ray's own."""
+    return {
+        **fabric_env(cluster, node),
         # Ray's OOM killer counts unified memory as pressure and killed the seed's load at 95 %.
         "RAY_memory_monitor_refresh_ms": "0",
         # Not an address, but pinned alike: the fabric guard closes these ports, so they must not move.
@@ -39,9 +47,32 @@ def pinned_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
     }
 
 
-def container_env(cluster: ClusterSpec, node: NodeSpec) -> list[str]:
-    env = {**cluster.env, **node.env, **pinned_env(cluster, node)}
+def container_env(cluster: ClusterSpec, node: NodeSpec, pinned=pinned_env) -> list[str]:
+    env = {**cluster.env, **node.env, **pinned(cluster, node)}
     return [f"{key}={value}" for key, value in sorted(env.items())]
+
+
+def runtime_settings(cluster: ClusterSpec, serve: ServeSpec) -> dict:
+    """The `docker.Container` settings every engine container shares (Ray's and mp's ranks): host network and
+    IPC, shm, GPUs, RDMA, ulimits, the weights read-only and the HF cache."""
+    return dict(
+        network_mode="host",
+        ipc_mode="host",
+        shm_size=cluster.shm_size_mb,
+        gpus=cluster.docker_gpus,
+        # Spelled as Docker reads them back (the CAP_ prefix, the device's defaults): any other spelling is a
+        # diff on every refresh, and with "*" below a full restart.
+        devices=[docker.ContainerDeviceArgs(host_path="/dev/infiniband", container_path="/dev/infiniband",
+                                            permissions="rwm")] if cluster.rdma else None,
+        capabilities=docker.ContainerCapabilitiesArgs(adds=["CAP_IPC_LOCK"]) if cluster.rdma else None,
+        ulimits=[docker.ContainerUlimitArgs(name=name, soft=limit, hard=limit)
+                 for name, limit in sorted(cluster.ulimits.items())],
+        mounts=[docker.ContainerMountArgs(type="bind", source=serve.model_path, target=serve.model_path,
+                                          read_only=True),
+                docker.ContainerMountArgs(type="bind", source=cluster.hf_cache, target=HF_CACHE_IN_CONTAINER)],
+        # A rebooted node leaves this down; `pulumi up --refresh` sees it stopped and replaces it.
+        restart="no",
+    )
 
 
 def ray_start(cluster: ClusterSpec, node: NodeSpec) -> list[str]:
@@ -90,9 +121,6 @@ class RayNode(pulumi.ComponentResource):
             # re-created after drift); `replace_with` below makes the engine take the worker down *before* a
             # head it replaces, which the label cannot: pulumi-docker answers "no diff" while the id is unknown.
             labels.append(docker.ContainerLabelArgs(label="spark-vllm.head-id", value=args.head.container_id))
-        mounts = [docker.ContainerMountArgs(type="bind", source=args.serve.model_path, target=args.serve.model_path,
-                                            read_only=True),
-                  docker.ContainerMountArgs(type="bind", source=cluster.hf_cache, target=HF_CACHE_IN_CONTAINER)]
         self.container_name = container_name(args.stack, node)
         container = docker.Container(
             f"{name}-container",
@@ -102,20 +130,7 @@ class RayNode(pulumi.ComponentResource):
             command=ray_start(cluster, node),
             envs=container_env(cluster, node),
             labels=labels,
-            network_mode="host",
-            ipc_mode="host",
-            shm_size=cluster.shm_size_mb,
-            gpus=cluster.docker_gpus,
-            # Spelled as Docker reads them back (the CAP_ prefix, the device's defaults): any other spelling is a
-            # diff on every refresh, and with "*" below a full restart.
-            devices=[docker.ContainerDeviceArgs(host_path="/dev/infiniband", container_path="/dev/infiniband",
-                                                permissions="rwm")] if cluster.rdma else None,
-            capabilities=docker.ContainerCapabilitiesArgs(adds=["CAP_IPC_LOCK"]) if cluster.rdma else None,
-            ulimits=[docker.ContainerUlimitArgs(name=name, soft=limit, hard=limit)
-                     for name, limit in sorted(cluster.ulimits.items())],
-            mounts=mounts,
-            # A rebooted node leaves this down; `pulumi up --refresh` sees it stopped and replaces it (below).
-            restart="no",
+            **runtime_settings(cluster, args.serve),
             opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
                                         replace_on_changes=["*"],
                                         replace_with=[args.head.container] if args.head else None,

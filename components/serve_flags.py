@@ -19,13 +19,19 @@ OWNED: dict[str, Optional[str]] = {
     "--port": "api.port of the cluster",
     "--tensor-parallel-size": "serve.tensorParallel",
     "--pipeline-parallel-size": "serve.pipelineParallel",
-    "--distributed-executor-backend": None,
+    "--distributed-executor-backend": "serve.executor",
     "--gpu-memory-utilization": "serve.gpuMemoryUtilization",
     "--load-format": "serve.loadFormat",
     "--max-model-len": "serve.maxModelLen",
     "--max-num-seqs": "serve.maxNumSeqs",
     "--enforce-eager": "serve.enforceEager",
     "--no-enforce-eager": "serve.enforceEager",
+    # executor mp: mp_rank.rank_command adds these to each rank's serve_argv.
+    "--nnodes": None,
+    "--node-rank": None,
+    "--master-addr": "the head's fabricIp",
+    "--master-port": "mp.masterPort of the cluster",
+    "--headless": None,
 }
 SHORT = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size"}  # vLLM's own aliases
 # Flag -> the secret config key that carries the same value without a command line.

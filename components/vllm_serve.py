@@ -33,7 +33,7 @@ def serve_argv(serve: ServeSpec, cluster: ClusterSpec) -> list[str]:
             "--port", str(cluster.api_port),
             "--tensor-parallel-size", str(serve.tensor_parallel),
             "--pipeline-parallel-size", str(serve.pipeline_parallel),
-            "--distributed-executor-backend", "ray",
+            "--distributed-executor-backend", serve.executor,
             "--gpu-memory-utilization", f"{serve.gpu_memory_utilization:g}",
             "--load-format", serve.load_format]
     if serve.max_model_len is not None:
@@ -65,6 +65,20 @@ def stop_command(container: str) -> str:
     return f'if [ "$({running} 2>/dev/null)" = true ]; then {serve_ctl(container, "stop")}; fi'
 
 
+def page_cache_drops(name: str, parent: Optional[pulumi.Resource], nodes: Mapping[str, command.remote.ConnectionArgs],
+                     triggers: list) -> list[command.remote.Command]:
+    """`serve.dropPageCache`: one command a node, replaced (so run again) whenever `triggers` change."""
+    return [command.remote.Command(
+        f"{name}-drop-cache-{node}",
+        connection=connection,
+        create=shlex.join(["sh", "-s", "--", node]),
+        stdin=script("drop_page_cache.sh"),
+        triggers=triggers,
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(parent=parent, replace_on_changes=["*"]),
+    ) for node, connection in nodes.items()]
+
+
 @dataclass
 class VllmServeArgs:
     cluster: ClusterSpec
@@ -92,17 +106,8 @@ class VllmServe(pulumi.ComponentResource):
         drops = []
         if args.serve.drop_page_cache:
             # What replaces the serve replaces these too; the secrets enter only as a digest, itself a secret.
-            triggers = [args.cluster_ready_id, create,
-                        stdin.apply(lambda text: hashlib.sha256(text.encode()).hexdigest()[:16])]
-            drops = [command.remote.Command(
-                f"{name}-drop-cache-{node}",
-                connection=connection,
-                create=shlex.join(["sh", "-s", "--", node]),
-                stdin=script("drop_page_cache.sh"),
-                triggers=triggers,
-                add_previous_output_in_env=False,
-                opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"]),
-            ) for node, connection in args.nodes.items()]
+            digest = stdin.apply(lambda text: hashlib.sha256(text.encode()).hexdigest()[:16])
+            drops = page_cache_drops(name, self, args.nodes, [args.cluster_ready_id, create, digest])
         process = command.remote.Command(
             f"{name}-process",
             connection=args.connection,

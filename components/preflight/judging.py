@@ -10,6 +10,7 @@ from typing import Any, Mapping, Optional
 from ..config import Deployment, NodeSpec
 from ..node_facts import GpuSource, Model, NodeFacts
 from ..fabric_guard import GuardState, chain_name, guard_state
+from ..mp_rank import container_name as rank_container_name
 from ..ray_node import container_name
 from ..text import size
 from ..weight_manifests import WEIGHT_SUFFIXES, weight_differences
@@ -222,14 +223,25 @@ def check_runtime(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> F
                        f"python3 does not run in {deployment.serve.image}: {inside.error}",
                        "use an image with python3, Ray and vLLM")
     problems = []
-    if inside.ray_error is not None:
+    mp = deployment.serve.executor == "mp"
+    if inside.ray_error is not None and not mp:
         problems.append((f"the image has no Ray ({inside.ray_error})",
-                         "add Ray to the image (`pip install ray[default]`); NGC vLLM images from 26.04 on lack it"))
+                         "use `executor: mp` (vLLM's own executor, no Ray), or an image with Ray "
+                         "(`pip install ray[default]`): NGC vLLM images from 26.04 on lack it"))
     if inside.vllm_error is not None:
         problems.append((f"the image has no working vLLM ({inside.vllm_error})", "use a vLLM image"))
+    elif mp and inside.serve_nnodes is False:
+        problems.append(("the image's `vllm serve` takes no --nnodes, so its vLLM cannot run the mp executor "
+                         "across nodes", "use a newer vLLM image, or `executor: ray` with an image that has Ray"))
     if problems:
         return Finding(node.name, "ray+vllm", Status.FAIL, "; ".join(p for p, _ in problems),
                        "; ".join(fix for _, fix in problems))
+    if mp and inside.serve_nnodes is None:
+        return _could_not(node.name, "ray+vllm", f"`vllm serve --help` did not run in the image "
+                                                 f"({inside.serve_help_error or 'no answer'})")
+    if mp:
+        return Finding(node.name, "ray+vllm", Status.OK, f"vllm {inside.vllm}, `serve` takes --nnodes (mp: no Ray "
+                                                         "needed)")
     return Finding(node.name, "ray+vllm", Status.OK, f"ray {inside.ray}, vllm {inside.vllm}")
 
 
@@ -390,9 +402,9 @@ def check_ports(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Fin
     if ports is None or ports.unavailable:
         return _could_not(node.name, "ports", (ports.unavailable if ports else None) or "the probe listed no ports",
                           "install iproute2 (ss) on the node")
-    names = {cluster.ray_port: ("Ray GCS", "ray.port"), cluster.dashboard_port: ("dashboard", "ray.dashboardPort"),
-             cluster.api_port: ("API", "api.port")}
-    own_names = {container_name(deployment.stack, n) for n in cluster.nodes}
+    names = cluster.head_ports
+    own_names = {name for n in cluster.nodes
+                 for name in (container_name(deployment.stack, n), rank_container_name(deployment.stack, cluster, n))}
     status, reasons, fixes = Status.OK, [], []
     for port, (what, key) in names.items():
         state, label = ports.by_port[port], f"{port} ({what})"

@@ -24,7 +24,7 @@ def probe_spec(deployment: Deployment, node: NodeSpec) -> dict:
     return {"iface": cluster.fabric_interface, "fabricIp": node.fabric_ip,
             "peers": {n.name: n.fabric_ip for n in cluster.nodes if n.name != node.name},
             "image": deployment.serve.image, "modelPath": deployment.serve.model_path,
-            "ports": [cluster.ray_port, cluster.dashboard_port, cluster.api_port] if node.head else [],
+            "ports": list(cluster.head_ports) if node.head else [],
             "guard": {"script": script("fabric_guard.sh"), "prefix": chain_prefix(deployment.stack)}
             if cluster.fabric_guard else None,
             "gpuProbe": cluster.gpu_probe, "dockerGpus": cluster.docker_gpus, "hashWeights": preflight.hash_weights,

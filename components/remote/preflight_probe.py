@@ -31,6 +31,20 @@ try:
     facts["archs"] = sorted(ModelRegistry.get_supported_archs())
 except Exception as e:
     facts["vllmError"] = type(e).__name__ + ": " + str(e)
+# The mp executor across nodes needs a `vllm serve` that takes --nnodes. vLLM groups its help (--help=all lists
+# every flag); an argparse without groups takes only --help.
+import subprocess
+for argv in (["vllm", "serve", "--help=all"], ["vllm", "serve", "--help"]):
+    try:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                              timeout=600)
+    except Exception as e:
+        facts["serveHelpError"] = type(e).__name__ + ": " + str(e)
+        break
+    if done.returncode == 0:
+        facts["serveNnodes"] = "--nnodes" in done.stdout
+        break
+    facts["serveHelpError"] = (done.stdout.strip().splitlines() or ["exit " + str(done.returncode)])[-1]
 print("%s" + json.dumps(facts))
 """ % MARK
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -124,7 +138,7 @@ def image(spec):
         raise Unavailable(f"`docker image inspect` failed: {error_line(err)}")
     facts = {"present": True, "id": out.strip()}
     # An image id names its contents, so what is inside is read once per id: importing vLLM takes a while.
-    cache = os.path.join(CACHE_DIR, "inside-" + facts["id"].replace("sha256:", "") + ".json")
+    cache = os.path.join(CACHE_DIR, "inside2-" + facts["id"].replace("sha256:", "") + ".json")
     try:
         with open(cache) as f:
             facts["inside"] = json.load(f)

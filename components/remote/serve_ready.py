@@ -1,8 +1,11 @@
-"""Waits for vLLM to serve: the process alive, then /health, then /v1/models listing the served model.
+"""Waits for vLLM to serve: the process alive, then /health, then /v1/models listing the served model, then one
+completion.
 
-Runs inside the Ray head container (`python3 - ARGS`, this file on stdin). While it waits it prints the
-weight-loading progress read from the vLLM log (shards k/N and an estimate of GB/s), so a long load never looks
-hung. On failure it says whether the process died or is still loading, and prints the log tail.
+With Ray it runs inside the Ray head container (`python3 - ARGS`, this file on stdin), and follows the serve's
+pid file and log file. With mp (`--container`) it runs on the head node, where rank 0 is a container's own
+process: alive is the container running, the log is `docker logs`, the API key is in its environment. While it
+waits it prints the weight-loading progress read from the vLLM log (shards k/N and an estimate of GB/s), so a long
+load never looks hung. On failure it says whether the process died or is still loading, and prints the log tail.
 """
 
 import argparse
@@ -11,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 import time
 import urllib.error
@@ -36,10 +40,14 @@ def api_key(env_file):
     return None
 
 
-def get(url, key):
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+def get(url, key, body=None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = None
+    if body is not None:
+        data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=30 if body else 5) as r:
             return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as e:
         return e.code, ""
@@ -74,6 +82,40 @@ def fmt(seconds):
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
+class Container:
+    """Rank 0's container, on the head node: its state, its log and its API key, through the node's Docker."""
+
+    def __init__(self, name):
+        self.name, self.seen = name, 0
+
+    def inspect(self):
+        done = subprocess.run(["docker", "inspect", "-f", "{{json .}}", self.name], capture_output=True, text=True,
+                              timeout=30)
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def alive(self):
+        info = self.inspect()
+        return bool(info and info["State"].get("Running"))
+
+    def api_key(self):
+        info = self.inspect() or {"Config": {}}
+        env = dict(e.split("=", 1) for e in info["Config"].get("Env") or [] if "=" in e)
+        return env.get("VLLM_API_KEY")
+
+    def lines(self):
+        done = subprocess.run(["docker", "logs", self.name], capture_output=True, text=True, timeout=60)
+        return [part for line in (done.stdout + done.stderr).splitlines() for part in line.split("\r")
+                if part.strip()]
+
+    def new_lines(self):
+        lines = self.lines()
+        fresh, self.seen = lines[self.seen:], len(lines)
+        return fresh
+
+    def tail(self, n=40):
+        return "\n".join(self.lines()[-n:]) + "\n"
+
+
 class LogFollower:
     def __init__(self, path):
         self.path, self.pos = path, 0
@@ -97,21 +139,31 @@ def main():
     p.add_argument("--url", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--model-path", required=True)
-    p.add_argument("--log", required=True)
-    p.add_argument("--pid-file", required=True)
-    p.add_argument("--env-file", required=True)
+    p.add_argument("--log")
+    p.add_argument("--pid-file")
+    p.add_argument("--env-file")
+    p.add_argument("--container", help="mp: rank 0's container, on this node")
     p.add_argument("--timeout", type=float, required=True)
     p.add_argument("--heartbeat", type=float, default=30)
     a = p.parse_args()
     start = time.monotonic()
     deadline = start + a.timeout
-    key = api_key(a.env_file)
-    with open(a.pid_file) as f:
-        pid = int(f.read().strip())
+    log: "Container | LogFollower"
+    if a.container:
+        rank0 = log = Container(a.container)
+        key, what, log_name = rank0.api_key(), f"container {a.container}", f"`docker logs {a.container}`"
+        is_alive, log_tail = rank0.alive, (lambda: rank0.tail())
+    else:
+        key = api_key(a.env_file)
+        with open(a.pid_file) as f:
+            pid = int(f.read().strip())
+        log = LogFollower(a.log)
+        what, log_name = f"pid {pid}", a.log
+        is_alive, log_tail = (lambda: alive(pid)), (lambda: tail(a.log))
+    # With mp the weights are on the node (mounted at the same path); with Ray, inside the head container.
     weights = sum(os.path.getsize(s) for s in glob.glob(os.path.join(a.model_path, "*.safetensors")))
-    log = LogFollower(a.log)
     phase, shown, load_start, last_print = "starting", None, None, start
-    print(f"waiting up to {fmt(a.timeout)} for vllm serve (pid {pid}) on {a.node}; log {a.log}", flush=True)
+    print(f"waiting up to {fmt(a.timeout)} for vllm serve ({what}) on {a.node}; log {log_name}", flush=True)
     while True:
         now = time.monotonic()
         for line in log.new_lines():
@@ -128,21 +180,26 @@ def main():
             elif not progress and any(m in line for m in MILESTONES):
                 print(f"vllm: {line.strip()}", flush=True)
                 last_print = now
-        if not alive(pid):
-            print(f"vllm serve on {a.node} exited while {phase}. Last lines of {a.log}:\n{tail(a.log)}",
+        if not is_alive():
+            print(f"vllm serve on {a.node} exited while {phase}. Last lines of {log_name}:\n{log_tail()}",
                   file=sys.stderr, flush=True)
             return 1
         health, _ = get(a.url + "/health", None)
         if health == 200:
             status, body = get(a.url + "/v1/models", key)
             models = [m.get("id") for m in json.loads(body).get("data", [])] if status == 200 else []
-            if a.model in models:
-                print(f"ready: {a.model} served at {a.url} after {fmt(now - start)}", flush=True)
-                return 0
             phase = f"/health is up; /v1/models answered {status} with {models}"
+            if a.model in models:
+                # /health and /v1/models stay up while the engine is wedged: one real completion says it serves.
+                status, _ = get(a.url + "/v1/chat/completions", key, {
+                    "model": a.model, "max_tokens": 1, "messages": [{"role": "user", "content": "ready?"}]})
+                if status == 200:
+                    print(f"ready: {a.model} served at {a.url} after {fmt(now - start)}", flush=True)
+                    return 0
+                phase = f"{a.model} is listed, but one completion answered {status}"
         if now >= deadline:
-            print(f"vllm serve on {a.node} is still running (pid {pid}) but not ready after {fmt(a.timeout)} "
-                  f"({phase}). Last lines of {a.log}:\n{tail(a.log)}", file=sys.stderr, flush=True)
+            print(f"vllm serve on {a.node} is still running ({what}) but not ready after {fmt(a.timeout)} "
+                  f"({phase}). Last lines of {log_name}:\n{log_tail()}", file=sys.stderr, flush=True)
             return 1
         if now - last_print >= a.heartbeat:
             print(f"still waiting: {phase}, {fmt(now - start)} elapsed, {fmt(deadline - now)} left", flush=True)

@@ -7,7 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from . import images, network, nodes, ssh
-from .config import FABRIC_CIDR, INNER_IMAGE, PREFIX, STATE_DIR, nodes as lab_nodes
+from .config import FABRIC_CIDR, INNER_IMAGE, MP_IMAGE, PREFIX, STATE_DIR, nodes as lab_nodes
 from .run import LabError, Phases, log, out, run, wait_until
 
 TOOLS = ["docker", "debootstrap", "unshare", "chroot", "tar", "ip", "ssh", "ssh-keygen"]
@@ -58,6 +58,8 @@ def up(count: int) -> None:
             node_image = images.ensure_node_image()
         with phase("inner image"):
             inner_id = images.ensure_inner_image()
+        with phase("mp image (no Ray)"):
+            mp_id = images.ensure_mp_image()
         with phase("networks + host route"):
             network.ensure_networks()
             network.ensure_route()
@@ -74,6 +76,8 @@ def up(count: int) -> None:
             _parallel(lambda n: run(ssh.ssh(n, "true"), timeout=30), wanted)
         with phase("inner image into nodes"):
             images.load_into_nodes(inner_id, wanted)
+        with phase("mp image into nodes"):
+            images.load_into_nodes(mp_id, wanted, MP_IMAGE, "mp")
     phase.summary("lab up")
     print(f"\nssh: ssh -F {ssh.SSH_CONFIG} {PREFIX}-node1   (node2..N via node1 as jump host)")
     status()

@@ -27,6 +27,8 @@ MGMT_IFNAME = "enP7s7"
 
 NODE_IMAGE_REPO = f"{PREFIX}/node"
 INNER_IMAGE = "spark-vllm-lab/ray-vllm:2.60.0-double1"
+# The same double without Ray, as NGC vLLM images from 26.04 on: for the `mp` executor across nodes.
+MP_IMAGE = "spark-vllm-lab/vllm-mp:double1"
 RAY_VERSION = "2.60.0"
 VLLM_DOUBLE_DIR = LAB_SRC / "vllm_double"
 

@@ -1,8 +1,9 @@
-"""The lab's two images: the node image (an emulated Spark) and the inner Ray + vLLM-double image.
+"""The lab's images: the node image (an emulated Spark), the inner Ray + vLLM-double image, and the inner
+vLLM-double image without Ray (as NGC vLLM images from 26.04 on), for the `mp` executor.
 
-Both start from a cached debootstrap tarball (the inner one from a second cached tarball that adds the
-Ray venv), and are reused while the hash of their inputs (the "stamp") is unchanged: the node image by
-tag, the inner image (whose tag is fixed by interfaces.md) by a label.
+All start from a cached debootstrap tarball (the inner ones from a second cached tarball that adds the
+Ray venv; the Ray-less one uninstalls Ray from it), and are reused while the hash of their inputs (the
+"stamp") is unchanged: the node image by tag, the inner images (whose tags are fixed) by a label.
 """
 import json
 import shutil
@@ -10,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import model
-from .config import (CACHE_DIR, HOST_CA_BUNDLE, INNER_IMAGE, LAB_SRC, NODE_IMAGE_REPO, RAY_VERSION,
+from .config import (CACHE_DIR, HOST_CA_BUNDLE, INNER_IMAGE, LAB_SRC, MP_IMAGE, NODE_IMAGE_REPO, RAY_VERSION,
                      SPEC_LABEL, VLLM_DOUBLE_DIR, Node)
 from .rootfs import base_tarball, chroot_sh, docker_import, hash_inputs, pack, unpacked
 from .run import LabError, log, out, run
@@ -84,19 +85,40 @@ def _ray_rootfs() -> Path:
     return tarball
 
 
+# What the inner images run once the double is installed; the Ray-less one proves Ray is gone.
+_WITH_RAY = """
+    ln -sf /opt/venv/bin/ray /usr/local/bin/ray
+    ray --version
+    """
+_WITHOUT_RAY = """
+    /opt/venv/bin/pip uninstall --yes ray
+    if /opt/venv/bin/python -c 'import ray' 2>/dev/null; then echo 'ray is still importable' >&2; exit 1; fi
+    rm -f /opt/venv/bin/ray /usr/local/bin/ray
+    """
+
+
 def ensure_inner_image() -> str:
     """Build spark-vllm-lab/ray-vllm on the host unless its label already carries the current stamp."""
+    return _double_image(INNER_IMAGE, _WITH_RAY, "inner")
+
+
+def ensure_mp_image() -> str:
+    """Build spark-vllm-lab/vllm-mp (the double, no Ray) unless its label already carries the current stamp."""
+    return _double_image(MP_IMAGE, _WITHOUT_RAY, "mp")
+
+
+def _double_image(ref: str, setup: str, what: str) -> str:
     if not any((VLLM_DOUBLE_DIR / f).exists() for f in ("pyproject.toml", "setup.py")):
-        raise LabError(f"{VLLM_DOUBLE_DIR} holds no Python project (pyproject.toml); the inner image needs it")
+        raise LabError(f"{VLLM_DOUBLE_DIR} holds no Python project (pyproject.toml); the {what} image needs it")
     ray_rootfs = _ray_rootfs()
-    stamp = hash_inputs(ray_rootfs.name, VLLM_DOUBLE_DIR, *BUILDERS)
+    stamp = hash_inputs(ray_rootfs.name, setup, VLLM_DOUBLE_DIR, *BUILDERS)
     current = run(["docker", "image", "inspect", "-f", f'{{{{index .Config.Labels "{SPEC_LABEL}"}}}}',
-                   INNER_IMAGE], check=False, timeout=60).stdout.strip()
+                   ref], check=False, timeout=60).stdout.strip()
     if current == stamp:
-        log(f"inner image up to date: {INNER_IMAGE}")
-        return image_id(INNER_IMAGE)
-    logfile = CACHE_DIR / "inner-build.log"
-    with unpacked(ray_rootfs, "inner-rootfs") as root:
+        log(f"{what} image up to date: {ref}")
+        return image_id(ref)
+    logfile = CACHE_DIR / f"{what}-build.log"
+    with unpacked(ray_rootfs, f"{what}-rootfs") as root:
         shutil.copytree(VLLM_DOUBLE_DIR, root / "tmp/vllm_double",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info", ".pytest_cache"))
         log(f"pip install lab/vllm_double offline in a chroot (log: {logfile})")
@@ -104,52 +126,51 @@ def ensure_inner_image() -> str:
         chroot_sh(root, """
             /opt/venv/bin/pip install --no-input --no-index --no-build-isolation /tmp/vllm_double
             rm -rf /tmp/vllm_double
-            ln -sf /opt/venv/bin/ray /usr/local/bin/ray
             ln -sf /opt/venv/bin/vllm /usr/local/bin/vllm
-            ray --version
+            """ + setup + """
             vllm --help >/dev/null
             /opt/venv/bin/python -c 'import vllm; print("vllm", vllm.__version__)'
             """, binds={}, env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=600, logfile=logfile)
-        new_id = docker_import(root, INNER_IMAGE, [
+        new_id = docker_import(root, ref, [
             f"ENV PATH=/opt/venv/bin:{STD_PATH}",
             "ENV VIRTUAL_ENV=/opt/venv",
             'CMD ["/bin/bash"]',
             f"LABEL {SPEC_LABEL}={stamp}",
         ])
     run(["docker", "image", "prune", "-f", "--filter", f"label={SPEC_LABEL}"], check=False)
-    log(f"built {INNER_IMAGE} {new_id[:19]}")
+    log(f"built {ref} {new_id[:19]}")
     return new_id
 
 
-def load_into_nodes(wanted_id: str, nodes: list[Node]) -> None:
+def load_into_nodes(wanted_id: str, nodes: list[Node], ref: str = INNER_IMAGE, what: str = "inner") -> None:
     """Give every node the host's exact image (same id) via one cached `docker save` tarball.
 
     Streaming the file into `docker exec -i NODE docker load` beat `docker save | ssh NODE docker load`
     (no ssh cipher, no jump hop for node2..N); see lab/README.md for the numbers.
     """
-    missing = [n for n in nodes if image_id(INNER_IMAGE, ["docker", "exec", n.name]) != wanted_id]
+    missing = [n for n in nodes if image_id(ref, ["docker", "exec", n.name]) != wanted_id]
     for n in nodes:
         if n not in missing:
-            log(f"{n.name}: inner image already {wanted_id[7:19]}")
+            log(f"{n.name}: {what} image already {wanted_id[7:19]}")
     if not missing:
         return
-    tarball = CACHE_DIR / f"inner-{wanted_id[7:19]}.tar"
+    tarball = CACHE_DIR / f"{what}-{wanted_id[7:19]}.tar"
     if not tarball.exists():
-        for old in CACHE_DIR.glob("inner-*.tar"):
+        for old in CACHE_DIR.glob(f"{what}-*.tar"):
             old.unlink()
         partial = tarball.with_suffix(".partial")
-        run(["docker", "save", "-o", str(partial), INNER_IMAGE], timeout=900)
+        run(["docker", "save", "-o", str(partial), ref], timeout=900)
         partial.rename(tarball)
 
     def load(node: Node) -> None:
         with open(tarball, "rb") as f:
             run(["docker", "exec", "-i", node.name, "docker", "load"], stdin=f, timeout=900)
-        got = image_id(INNER_IMAGE, ["docker", "exec", node.name])
+        got = image_id(ref, ["docker", "exec", node.name])
         if got != wanted_id:
-            raise LabError(f"{node.name}: loaded {INNER_IMAGE} has id {got}, host has {wanted_id}")
+            raise LabError(f"{node.name}: loaded {ref} has id {got}, host has {wanted_id}")
         # The previous build under the same tag is now dangling; it only takes space in the node's volume.
         run(["docker", "exec", node.name, "docker", "image", "prune", "-f"], check=False, timeout=120)
-        log(f"{node.name}: loaded inner image {wanted_id[7:19]}")
+        log(f"{node.name}: loaded {what} image {wanted_id[7:19]}")
 
     with ThreadPoolExecutor(len(missing)) as pool:
         list(pool.map(load, missing))

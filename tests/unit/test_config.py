@@ -128,6 +128,16 @@ BAD = [
      CLUSTERS, "c3.ray.maxWorkerPort", "is 19999", "a port above ray.minWorkerPort (20000)"),
     ("fabric guard not a bool", dict(clusters=cluster_with(lambda c: c["ray"].update(fabricGuard="enabled"))),
      CLUSTERS, "c3.ray.fabricGuard", "is 'enabled'", "true or false"),
+    ("unknown executor", dict(models=models_with(lambda m: m["big"].update(executor="torchrun"))),
+     MODELS_FILE, "big.executor", "'torchrun'", "one of 'ray', 'mp'"),
+    ("executor override of wrong case", dict(stack=stack_with(serve={"executor": "MP"})), STACK,
+     "spark-vllm:serve.executor", "'MP'", "one of 'ray', 'mp'"),
+    ("master port clashes with the api", dict(clusters=cluster_with(lambda c: c.update(mp={"masterPort": 8000}))),
+     CLUSTERS, "c3.api.port", "is 8000, which mp.masterPort also uses", "a port no other Ray or API port uses"),
+    ("master port inside the worker ports", dict(clusters=cluster_with(lambda c: c.update(mp={"masterPort": 15000}))),
+     CLUSTERS, "c3.mp.masterPort", "is 15000, inside Ray's worker ports", "a port outside Ray's worker ports"),
+    ("typo under mp", dict(clusters=cluster_with(lambda c: c.update(mp={"port": 29500}))),
+     CLUSTERS, "c3.mp.port", "is not a known key", "masterPort"),
     ("extra env overrides pinning", dict(clusters=cluster_with(lambda c: c["env"].update(VLLM_HOST_IP="10.0.0.1"))),
      CLUSTERS, "c3.env.VLLM_HOST_IP", "is '10.0.0.1', which would override a variable spark-vllm pins",
      "pins it to each node's fabric address"),
@@ -211,6 +221,37 @@ def test_shipped_stacks_validate(stack, monkeypatch, tmp_path):
     values = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
     d = config.load(stack, values, set(), ROOT)
     assert d.serve.tensor_parallel * d.serve.pipeline_parallel == d.cluster.total_gpus
+
+
+def test_executor_defaults_to_ray_and_the_preset_or_stack_picks_mp(tmp_path):
+    d = load(tmp_path)
+    assert (d.serve.executor, d.cluster.executor, d.cluster.master_port) == ("ray", "ray", 29501)
+    d = load(tmp_path / "preset", models=models_with(lambda m: m["big"].update(executor="mp")))
+    assert (d.serve.executor, d.cluster.executor) == ("mp", "mp")
+    d = load(tmp_path / "stack", stack=stack_with(serve={"executor": "mp"}),
+             clusters=cluster_with(lambda c: c.update(mp={"masterPort": 29600})))
+    assert (d.serve.executor, d.cluster.master_port) == ("mp", 29600)
+
+
+def test_the_guard_covers_what_the_executor_opens(tmp_path):
+    ray = load(tmp_path).cluster
+    assert "6379" in ray.guarded_ports and "29501" not in ray.guarded_ports
+    mp = load(tmp_path / "mp", stack=stack_with(serve={"executor": "mp"})).cluster
+    assert mp.guarded_ports == ["29501", "ephemeral"]
+
+
+def test_shipped_stacks_pick_their_executors():
+    """The seed's stack stays on Ray; the other model stacks run without Ray on a current NGC image."""
+    import yaml
+    picked = {}
+    for stack in ("spark", "gpt-oss", "qwen3-30b", "qwen3-235b", "lab", "lab-mp"):
+        values = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+        preset = yaml.safe_load((ROOT / "catalog" / "models.yaml").read_text())[values["spark-vllm:model"]]
+        picked[stack] = (preset.get("executor", "ray"), preset["image"])
+    assert picked["spark"][0] == "ray" and picked["lab"][0] == "ray"
+    for stack in ("gpt-oss", "qwen3-30b", "qwen3-235b"):
+        assert picked[stack] == ("mp", "nvcr.io/nvidia/vllm:26.10-py3")
+    assert picked["lab-mp"] == ("mp", "spark-vllm-lab/vllm-mp:double1")
 
 
 def test_a_site_catalog_outside_the_checkout_is_found_under_home(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import shlex
 import subprocess
+import sys
 
 import pulumi
 import pytest
@@ -354,7 +355,46 @@ def test_an_image_without_ray_fails_naming_the_ngc_change(tmp_path):
     inside["rayError"] = "ModuleNotFoundError: No module named 'ray'"
     assert one(d, facts, "spark1", "ray+vllm") == (
         "fail", "the image has no Ray (ModuleNotFoundError: No module named 'ray')",
-        "add Ray to the image (`pip install ray[default]`); NGC vLLM images from 26.04 on lack it")
+        "use `executor: mp` (vLLM's own executor, no Ray), or an image with Ray (`pip install ray[default]`): "
+        "NGC vLLM images from 26.04 on lack it")
+
+
+def mp_image(facts, **inside):
+    """The facts of an NGC-like image without Ray, whose `vllm serve` takes --nnodes unless `inside` says."""
+    for node in facts.values():
+        node["image"]["inside"] = {"rayError": "ModuleNotFoundError: No module named 'ray'", "vllm": "0.31.0",
+                                   "archs": ARCHS, "serveNnodes": True, **inside}
+    facts["spark1"]["ports"] = {"29501": {"free": True}, "8000": {"free": True}}
+    return facts
+
+
+def test_mp_needs_no_ray_but_a_serve_that_takes_nnodes(tmp_path):
+    d = deployment(tmp_path, serve={"executor": "mp"})
+    facts = mp_image(healthy())
+    table = judged(d, facts)
+    assert all(f.status == "ok" for f in table.values()), [f for f in table.values() if f.status != "ok"]
+    assert table[("spark2", "ray+vllm")].reason == "vllm 0.31.0, `serve` takes --nnodes (mp: no Ray needed)"
+    assert table[("spark1", "ports")].reason == "29501 (mp master) free; 8000 (API) free"
+    facts = mp_image(healthy(), serveNnodes=False)
+    assert one(d, facts, "spark3", "ray+vllm") == (
+        "fail", "the image's `vllm serve` takes no --nnodes, so its vLLM cannot run the mp executor across nodes",
+        "use a newer vLLM image, or `executor: ray` with an image that has Ray")
+    facts = mp_image(healthy(), serveHelpError="TimeoutExpired: ...")
+    del facts["spark3"]["image"]["inside"]["serveNnodes"]
+    assert one(d, facts, "spark3", "ray+vllm")[:2] == (
+        "warn", "could not check: `vllm serve --help` did not run in the image (TimeoutExpired: ...)")
+
+
+def test_mp_ports_name_the_master_port_and_its_holder(tmp_path):
+    d = deployment(tmp_path, serve={"executor": "mp"})
+    facts = mp_image(healthy())
+    facts["spark1"]["ports"] = {"29501": {"free": False, "holders": [
+        {"pid": 42, "process": "python3", "container": "spark-vllm-other-vllm-rank0", "stack": "other"}]},
+        "8000": {"free": True}}
+    status, reason, fix = one(d, facts, "spark1", "ports")
+    assert status == "fail"
+    assert "29501 (mp master) is held by python3 (pid 42) in spark-vllm-other-vllm-rank0 of stack other" in reason
+    assert "`pulumi destroy -s other`), or change mp.masterPort" in fix
 
 
 def test_an_image_without_vllm_fails(tmp_path):
@@ -873,7 +913,8 @@ esac
     assert first == second == {"present": True, "id": "sha256:ab12",
                                "inside": {"ray": "2.60.0", "vllm": "0.11.0", "archs": ["A"]}}
     assert runs.read_text().count("run") == 1
-    assert (tmp_path / "home/.cache/spark-vllm/preflight/inside-ab12.json").exists()
+    # inside2-: the facts gained serveNnodes; a cache from before lacks it, and is not read.
+    assert (tmp_path / "home/.cache/spark-vllm/preflight/inside2-ab12.json").exists()
     (tmp_path / "id").write_text("cd34")  # a new image under the same tag is read again
     assert probe.image(spec)["id"] == "sha256:cd34" and runs.read_text().count("run") == 2
 
@@ -883,3 +924,22 @@ def test_the_probe_runs_the_catalogs_gpu_stand_in():
     spec = {"gpuProbe": "echo 'GPU 0: NVIDIA GB10 (UUID: GPU-1234)'; echo 'GPU 1: NVIDIA GB10 (stand-in)'",
             "dockerGpus": None, "stepTimeout": 5}
     assert probe.gpus(spec, False) == {"source": "gpuProbe", "names": ["NVIDIA GB10", "NVIDIA GB10 (stand-in)"]}
+
+
+@pytest.mark.parametrize("double,expected", [(True, True), (False, False)])
+def test_the_probe_asks_the_images_vllm_serve_for_nnodes(tmp_path, monkeypatch, double, expected):
+    """Against the vLLM double's real parser (which has --nnodes), and a `vllm` whose help lacks it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if double:
+        shim = f'#!/bin/sh\nPYTHONPATH={ROOT}/lab/vllm_double exec {sys.executable} -m vllm "$@"\n'
+    else:  # an old vLLM: grouped help it does not know, and no --nnodes
+        shim = ('#!/bin/sh\ncase "$*" in *--help=all*) echo "unrecognized arguments: --help=all"; exit 2;; esac\n'
+                'echo "usage: vllm serve [--tensor-parallel-size TP] [--distributed-executor-backend B]"\n')
+    (bin_dir / "vllm").write_text(shim)
+    (bin_dir / "vllm").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    done = subprocess.run([sys.executable, "-c", load_probe().INSIDE_IMAGE], capture_output=True, text=True,
+                          timeout=120, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    facts = json.loads(done.stdout.split(preflight_probe.MARK)[-1])
+    assert facts["serveNnodes"] is expected, facts

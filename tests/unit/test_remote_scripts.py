@@ -122,9 +122,20 @@ class FakeVllm:
         self.pid = tmp_path / "serve.pid"
         self.pid.write_text(str(self.process.pid))
         self.loaded = threading.Event()
+        self.completion_status = 200  # what one chat completion answers once loaded
+        self.completions = []
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.completions.append((self.path, self.headers.get("Authorization"), body))
+                status = fake.completion_status if fake.loaded.is_set() else 503
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
             def do_GET(self):
                 if not fake.loaded.is_set():
                     self.send_error(503)
@@ -185,6 +196,17 @@ def test_serve_ready_shows_shard_progress_then_succeeds(fake):
     assert "GB/s" in done.stdout and "vllm: INFO" in done.stdout
     assert done.stdout.count("loading weights 4/4 shards") == 1
     assert "ready: tiny served at" in done.stdout
+    path, auth, body = fake.completions[-1]
+    assert (path, auth, body["model"], body["max_tokens"]) == ("/v1/chat/completions", "Bearer k1", "tiny", 1)
+
+
+def test_serve_ready_needs_one_completion_not_only_the_listing(fake):
+    """/health and /v1/models stay up while the engine is wedged (vllm issue 36960)."""
+    fake.completion_status = 500
+    fake.writer.start()
+    done = fake.wait(timeout=5)
+    assert done.returncode == 1
+    assert "tiny is listed, but one completion answered 500" in done.stderr
 
 
 def test_serve_ready_reports_a_dead_process_with_the_log_tail(fake):

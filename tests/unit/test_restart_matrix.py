@@ -70,3 +70,52 @@ def test_restart_matrix(tmp_path, change, replaced, created):
     before = deploy(tmp_path)
     after = deploy(tmp_path, **change)
     assert changes(before, after) == (replaced, created, set())
+
+
+# The same matrix with `executor: mp`: a torch.distributed group cannot take back one rank, so whatever restarts
+# one rank restarts all of them, with the gates; the guard and the sync only on their own inputs.
+MP_RANKS = {"vllm-rank-spark1-container", "vllm-rank-spark2-container", "vllm-rank-spark3-container"}
+MP_GATES = {"ranks-ready-spark1-gate", "ranks-ready-spark2-gate", "ranks-ready-spark3-gate", "serve-ready-gate"}
+MP_ALL = MP_RANKS | MP_GATES
+
+
+def mp(change=lambda m: None):
+    return models(lambda m: (m["big"].update(executor="mp"), change(m)))
+
+
+MP_MATRIX = [
+    ("no change", {}, set(), set()),
+    ("max model len", dict(serve={"maxModelLen": 4096}), MP_ALL, set()),
+    ("gpu memory utilization", dict(serve={"gpuMemoryUtilization": 0.8}), MP_ALL, set()),
+    ("enforce eager off", dict(serve={"enforceEager": False}), MP_ALL, set()),
+    ("extra args", dict(serve={"extraArgs": ["--max-num-batched-tokens", "8192"]}), MP_ALL, set()),
+    ("api key", dict(apiKey="key-two"), MP_ALL, set()),
+    ("one worker's env", dict(clusters=cluster(lambda c: c["nodes"][2].update(env={"NCCL_DEBUG": "INFO"}))),
+     MP_ALL, set()),
+    ("master port", dict(clusters=cluster(lambda c: c.update(mp={"masterPort": 29600}))), GUARDS | MP_ALL, set()),
+    # Ray's ports are not mp's: the guard covers only what the ranks open.
+    ("ray port", dict(clusters=cluster(lambda c: c["ray"].update(port=6390))), set(), set()),
+    ("weights path", dict(models=mp(lambda m: m["big"].update(path="/models/other"))), MP_ALL, set()),
+    ("image", dict(models=mp(lambda m: m["big"].update(image="vllm:b"))),
+     MP_ALL | {"spark1-image", "spark2-image", "spark3-image"}, set()),
+    ("a node added", dict(clusters=FOUR_NODES, serve={"tensorParallel": 4}), MP_ALL,
+     {"spark4-docker", "spark4-image", "fabric-guard-spark4-rules", "vllm-rank-spark4-container",
+      "ranks-ready-spark4-gate"}),
+]
+
+
+@pytest.mark.parametrize("change,replaced,created", [c[1:] for c in MP_MATRIX], ids=[c[0] for c in MP_MATRIX])
+def test_restart_matrix_mp(tmp_path, change, replaced, created):
+    before = deploy(tmp_path, models=mp())
+    after = deploy(tmp_path, **{"models": mp(), **change})
+    assert changes(before, after) == (replaced, created, set())
+
+
+def test_ray_to_mp_replaces_the_engine_and_keeps_nodes_and_images(tmp_path):
+    """The engine deletes what left the program only at the end of `up`: see the README on switching."""
+    before = deploy(tmp_path)
+    after = deploy(tmp_path, models=mp())
+    replaced, created, deleted = changes(before, after)
+    assert replaced == GUARDS | {"serve-ready-gate"}  # the guards: Ray's ports closed no more, the master port now
+    assert created == MP_ALL - {"serve-ready-gate"}
+    assert deleted == CONTAINERS | {"cluster-ready-gate", "vllm-serve-process"}

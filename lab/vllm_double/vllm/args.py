@@ -74,6 +74,12 @@ def build_parser():
     parallel.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     parallel.add_argument("--distributed-executor-backend", choices=_EXECUTOR_BACKENDS,
                           default=None)
+    # The multiprocessing executor across nodes (vLLM's ParallelConfig: nnodes, node_rank, master_addr/port).
+    parallel.add_argument("--nnodes", type=int, default=1)
+    parallel.add_argument("--node-rank", type=int, default=0)
+    parallel.add_argument("--master-addr", default="127.0.0.1")
+    parallel.add_argument("--master-port", type=int, default=29501)
+    server.add_argument("--headless", action="store_true")
 
     cache = serve.add_argument_group("cache and scheduler")
     cache.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -93,9 +99,13 @@ def parse_args(argv):
         parser.print_help()
         parser.exit(2)
     if args.command == "serve":
-        for flag in ("tensor_parallel_size", "pipeline_parallel_size"):
+        for flag in ("tensor_parallel_size", "pipeline_parallel_size", "nnodes"):
             if getattr(args, flag) < 1:
                 serve.error(f"--{flag.replace('_', '-')} must be at least 1")
+        if not 0 <= args.node_rank < args.nnodes:
+            serve.error(f"--node-rank {args.node_rank} must be from 0 to --nnodes - 1 ({args.nnodes - 1})")
+        if not 1 <= args.master_port <= 65535:
+            serve.error(f"--master-port {args.master_port} is not a TCP port")
     return serve, args
 
 

@@ -23,7 +23,9 @@ from vllm.logger import init_logger
 logger = init_logger(__name__)
 
 _UVICORN_LEVELS = {"trace": 5, "debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
-_ROUTES = {"/health": "GET", "/version": "GET", "/v1/models": "GET", "/v1/chat/completions": "POST"}
+_ROUTES = {"/health": "GET", "/version": "GET", "/metrics": "GET", "/v1/models": "GET",
+           "/v1/chat/completions": "POST", "/v1/completions": "POST"}
+_COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default, as OpenAI's; chat has none
 
 
 @dataclass
@@ -36,6 +38,47 @@ class ApiConfig:
     access_log: bool = True
     log_requests: bool = True
     created: int = field(default_factory=lambda: int(time.time()))
+    stats: "Stats" = field(default_factory=lambda: Stats())
+
+
+class Stats:
+    """The counters /metrics reports, under vLLM's metric names."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = {}  # finished_reason -> count
+
+    def finished(self, prompt_tokens: int, generation_tokens: int, reason: str) -> None:
+        with self.lock:
+            self.prompt_tokens += prompt_tokens
+            self.generation_tokens += generation_tokens
+            self.success[reason] = self.success.get(reason, 0) + 1
+
+    def prometheus(self, model_names: list) -> str:
+        """Prometheus text exposition (version 0.0.4), one series per served model name."""
+        with self.lock:
+            series = [("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+                       [({}, self.running)]),
+                      ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+                       [({}, 0)]),
+                      ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                       [({}, self.prompt_tokens)]),
+                      ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                       [({}, self.generation_tokens)]),
+                      ("vllm:request_success_total", "counter", "Count of successfully processed requests.",
+                       [({"finished_reason": r}, n) for r, n in sorted(self.success.items())])]
+        lines = []
+        for name, kind, help_text, samples in series:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+            for labels, value in samples:
+                for model in model_names:
+                    pairs = {"model_name": model, **labels}
+                    shown = ",".join(f'{k}="{v}"' for k, v in pairs.items())
+                    lines.append(f"{name}{{{shown}}} {float(value)}")
+        return "\n".join(lines) + "\n"
 
 
 def _uvicorn(config: ApiConfig, level: str, message: str) -> None:
@@ -58,48 +101,142 @@ def _text_of(message: dict) -> str:
     return str(content)
 
 
-def chat_completion(config: ApiConfig, request: dict) -> dict:
-    """A deterministic reply derived from the request, in the OpenAI response shape."""
+def _check_model(config: ApiConfig, request: dict) -> str:
     model = request.get("model") or config.served_model_names[0]
     if model not in config.served_model_names:
         raise _ApiError(HTTPStatus.NOT_FOUND, f"The model `{model}` does not exist.", "model")
-    messages = request.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise _ApiError(HTTPStatus.BAD_REQUEST, "messages must be a non-empty list of objects", "messages")
-    if request.get("stream"):
-        raise _ApiError(HTTPStatus.BAD_REQUEST, "stream=true is not supported by the vLLM test double",
-                        "stream")
-    max_tokens = request.get("max_completion_tokens", request.get("max_tokens"))
+    return model
+
+
+def _max_tokens(request: dict, default=None):
+    max_tokens = request.get("max_completion_tokens", request.get("max_tokens", default))
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise _ApiError(HTTPStatus.BAD_REQUEST, "max_tokens must be a positive integer", "max_tokens")
+    return max_tokens
 
-    prompt_tokens = sum(len(_text_of(m).split()) for m in messages)
+
+def _answer(config: ApiConfig, model: str, prompt: str, prompt_tokens: int, max_tokens, what: str):
+    """(words, finish_reason): the deterministic answer `[MODEL] PROMPT`, cut at max_tokens."""
     if prompt_tokens + (max_tokens or 0) > config.max_model_len:
         raise _ApiError(
             HTTPStatus.BAD_REQUEST,
             f"This model's maximum context length is {config.max_model_len} tokens. However, you "
-            f"requested {prompt_tokens + (max_tokens or 0)} tokens ({prompt_tokens} in the messages, "
-            f"{max_tokens or 0} in the completion). Please reduce the length of the messages or completion.")
-    last_user = next((_text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")
-    words = f"[{model}] {last_user}".split()
-    finish_reason = "stop"
+            f"requested {prompt_tokens + (max_tokens or 0)} tokens ({prompt_tokens} in the {what}, "
+            f"{max_tokens or 0} in the completion). Please reduce the length of the {what} or completion.")
+    words = f"[{model}] {prompt}".split()
     if max_tokens is not None and len(words) > max_tokens:
-        words, finish_reason = words[:max_tokens], "length"
-    digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
-    return {
-        "id": f"chatcmpl-{digest[:32]}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": " ".join(words), "tool_calls": []},
-            "logprobs": None,
-            "finish_reason": finish_reason,
-        }],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
-                  "total_tokens": prompt_tokens + len(words)},
-    }
+        return words[:max_tokens], "length"
+    return words, "stop"
+
+
+def _digest(request: dict) -> str:
+    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:32]
+
+
+@dataclass
+class Generation:
+    """One request's answer, sent whole or as server-sent events."""
+    kind: str  # "chat" or "completion"
+    id: str
+    model: str
+    words: list
+    finish_reason: str
+    prompt_tokens: int
+    stream: bool = False
+    include_usage: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.words),
+                "total_tokens": self.prompt_tokens + len(self.words)}
+
+    def whole(self) -> dict:
+        text = " ".join(self.words)
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
+                      "logprobs": None, "finish_reason": self.finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason,
+                      "stop_reason": None}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": self.usage()}
+
+    def chunks(self):
+        """The stream's events, as vLLM sends them: (for chat) the role first, then one word an event,
+        then the finish reason, then (with stream_options.include_usage) the usage; `[DONE]` is the caller's."""
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+
+        def event(choice, usage=None):
+            out = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                   "choices": [choice] if choice else []}
+            if self.include_usage:
+                out["usage"] = usage
+            return out
+
+        def choice(text, finish=None, first=False):
+            if self.kind == "chat":
+                delta = {"role": "assistant", "content": text} if first else {"content": text}
+                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+
+        if self.kind == "chat":
+            yield event(choice("", first=True))
+        for i, word in enumerate(self.words):
+            text = word if i == 0 else " " + word
+            last = i == len(self.words) - 1
+            yield event(choice(text, self.finish_reason if last else None))
+        if not self.words:
+            yield event(choice("", self.finish_reason))
+        if self.include_usage:
+            yield event(None, self.usage())
+
+
+def _stream_flags(request: dict):
+    stream = request.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _ApiError(HTTPStatus.BAD_REQUEST, "stream must be true or false", "stream")
+    options = request.get("stream_options") or {}
+    if options and not stream:
+        raise _ApiError(HTTPStatus.BAD_REQUEST, "Stream options can only be defined when `stream=True`.",
+                        "stream_options")
+    return stream, bool(options.get("include_usage"))
+
+
+def chat_generation(config: ApiConfig, request: dict) -> Generation:
+    model = _check_model(config, request)
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise _ApiError(HTTPStatus.BAD_REQUEST, "messages must be a non-empty list of objects", "messages")
+    stream, include_usage = _stream_flags(request)
+    max_tokens = _max_tokens(request)
+    prompt_tokens = sum(len(_text_of(m).split()) for m in messages)
+    last_user = next((_text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")
+    words, finish = _answer(config, model, last_user, prompt_tokens, max_tokens, "messages")
+    return Generation("chat", f"chatcmpl-{_digest(request)}", model, words, finish, prompt_tokens, stream,
+                      include_usage)
+
+
+def completion_generation(config: ApiConfig, request: dict) -> Generation:
+    model = _check_model(config, request)
+    prompt = request.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise _ApiError(HTTPStatus.BAD_REQUEST, "prompt must be a string (the vLLM test double takes one prompt)",
+                        "prompt")
+    stream, include_usage = _stream_flags(request)
+    max_tokens = _max_tokens(request, _COMPLETIONS_DEFAULT_MAX_TOKENS)
+    prompt_tokens = len(prompt.split())
+    words, finish = _answer(config, model, prompt, prompt_tokens, max_tokens, "prompt")
+    return Generation("completion", f"cmpl-{_digest(request)}", model, words, finish, prompt_tokens, stream,
+                      include_usage)
+
+
+def chat_completion(config: ApiConfig, request: dict) -> dict:
+    """A deterministic reply derived from the request, in the OpenAI response shape."""
+    return chat_generation(config, request).whole()
 
 
 def models_list(config: ApiConfig) -> dict:
@@ -144,6 +281,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(HTTPStatus.OK, None)
             if path == "/version":
                 return self._send(HTTPStatus.OK, {"version": __version__})
+            if path == "/metrics":
+                return self._send_text(HTTPStatus.OK, self.config.stats.prometheus(self.config.served_model_names),
+                                       "text/plain; version=0.0.4; charset=utf-8")
             if path == "/v1/models":
                 return self._send(HTTPStatus.OK, models_list(self.config))
             try:
@@ -152,10 +292,14 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _ApiError(HTTPStatus.BAD_REQUEST, f"Invalid JSON body: {err}") from None
             if not isinstance(request, dict):
                 raise _ApiError(HTTPStatus.BAD_REQUEST, "The request body must be a JSON object")
-            response = chat_completion(self.config, request)
+            build = chat_generation if path == "/v1/chat/completions" else completion_generation
+            generation = build(self.config, request)
             if self.config.log_requests:
-                logger.info("Added request %s.", response["id"])
-            return self._send(HTTPStatus.OK, response)
+                logger.info("Added request %s.", generation.id)
+            self.config.stats.finished(generation.prompt_tokens, len(generation.words), generation.finish_reason)
+            if generation.stream:
+                return self._send_events(generation)
+            return self._send(HTTPStatus.OK, generation.whole())
         except _ApiError as err:
             return self._send(err.status, {"error": {
                 "message": str(err), "type": err.status.phrase.replace(" ", "") + "Error",
@@ -175,6 +319,30 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _send_text(self, status: HTTPStatus, text: str, content_type: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_events(self, generation: Generation) -> None:
+        """Server-sent events in HTTP/1.1 chunked encoding, as uvicorn sends vLLM's streams."""
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def chunk(data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        for event in generation.chunks():
+            chunk(f"data: {json.dumps(event)}\n\n".encode())
+        chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
 
     def log_request(self, code="-", size="-"):
         if self.config.access_log:

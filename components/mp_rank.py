@@ -1,0 +1,107 @@
+"""vLLM's own executor across nodes (`executor: mp`): one container a node whose own process is `vllm serve`.
+
+Node rank 0 is the head: it serves the API and hosts the rendezvous at `--master-addr` (the head's fabric IP) and
+`--master-port`. The other nodes run `--headless` ranks. The container's log is the rank's log (`docker logs`),
+and Docker owns its lifetime. Each rank is pinned to its node's fabric like the Ray containers (`fabric_env`).
+
+A torch.distributed group cannot take back one rank, so every rank restarts together: each carries a digest of
+every rank's settings in a label (a change anywhere replaces all), and the workers carry the head's container id
+and `replace_with` it, as Ray's workers do (a head replaced alone, after a reboot, takes them with it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import pulumi
+import pulumi_docker as docker
+
+from .config import ClusterSpec, NodeSpec, ServeSpec
+from .ray_node import container_env, fabric_env, runtime_settings
+from .spark_node import SparkNode
+from .vllm_serve import SECRET_ENV, serve_argv
+
+
+def node_rank(cluster: ClusterSpec, node: NodeSpec) -> int:
+    """The head is rank 0; the workers follow in catalog order."""
+    return 0 if node.head else 1 + cluster.workers.index(node)
+
+
+def rank_command(cluster: ClusterSpec, serve: ServeSpec, node: NodeSpec) -> list[str]:
+    """`vllm serve ...` for this node's rank (the container's entrypoint is `vllm`, so without it)."""
+    rank = node_rank(cluster, node)
+    argv = serve_argv(serve, cluster)[1:] + [
+        "--nnodes", str(len(cluster.nodes)), "--node-rank", str(rank),
+        "--master-addr", cluster.head.fabric_ip, "--master-port", str(cluster.master_port)]
+    return argv + (["--headless"] if rank else [])
+
+
+def container_name(stack: str, cluster: ClusterSpec, node: NodeSpec) -> str:
+    return f"spark-vllm-{stack}-vllm-rank{node_rank(cluster, node)}"
+
+
+def ranks_digest(cluster: ClusterSpec, serve: ServeSpec) -> str:
+    """What every rank runs with, on every node: any change of it restarts all ranks together."""
+    ranks = {node.name: {"command": rank_command(cluster, serve, node),
+                         "env": container_env(cluster, node, fabric_env)} for node in cluster.nodes}
+    runtime = {k: getattr(cluster, k) for k in ("shm_size_mb", "docker_gpus", "rdma", "ulimits", "hf_cache")}
+    spec = json.dumps([ranks, runtime, serve.image, serve.model_path], sort_keys=True, default=str)
+    return hashlib.sha256(spec.encode()).hexdigest()[:16]
+
+
+@dataclass
+class MpRankArgs:
+    stack: str
+    cluster: ClusterSpec
+    serve: ServeSpec
+    node: NodeSpec
+    spark: SparkNode
+    digest: pulumi.Input[str]  # every rank's settings, the images and the secrets, as one digest
+    head: Optional["MpRank"] = None  # set for workers: ties them to one head
+    # rank 0 only: keys of SECRET_ENV; the values are Pulumi secrets
+    secrets: Optional[Mapping[str, pulumi.Input[str]]] = None
+    depends_on: tuple = ()  # the node's fabric guard and weights sync, the page-cache drops
+
+
+class MpRank(pulumi.ComponentResource):
+    """One node's rank: a `vllm serve --nnodes N --node-rank k` container."""
+
+    container: docker.Container
+    container_id: pulumi.Output[str]
+    container_name: str
+
+    def __init__(self, name: str, args: MpRankArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("spark-vllm:index:MpRank", name, None, opts)
+        cluster, node = args.cluster, args.node
+        labels = [docker.ContainerLabelArgs(label="spark-vllm.stack", value=args.stack),
+                  docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if node.head else "worker"),
+                  docker.ContainerLabelArgs(label="spark-vllm.ranks-digest", value=args.digest)]
+        if args.head is not None:
+            labels.append(docker.ContainerLabelArgs(label="spark-vllm.head-id", value=args.head.container_id))
+        env = container_env(cluster, node, fabric_env)
+        secrets = args.secrets or {}
+        keys = sorted(secrets)
+        # vLLM reads the API key and HF token from its environment; as container env they stay Pulumi secrets.
+        envs = pulumi.Output.all(*(secrets[k] for k in keys)).apply(
+            lambda values: sorted(env + [f"{SECRET_ENV[k]}={v}" for k, v in zip(keys, values)])) if keys else env
+        self.container_name = container_name(args.stack, cluster, node)
+        self.container = docker.Container(
+            f"{name}-container",
+            name=self.container_name,
+            image=args.spark.image_id,
+            entrypoints=["vllm"],
+            command=rank_command(cluster, args.serve, node),
+            envs=envs,
+            labels=labels,
+            **runtime_settings(cluster, args.serve),
+            opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
+                                        replace_on_changes=["*"],
+                                        replace_with=[args.head.container] if args.head else None,
+                                        depends_on=[r for r in args.depends_on if r]),
+        )
+        self.container_id = self.container.id
+        self.register_outputs({"containerId": self.container_id, "containerName": self.container_name,
+                               "fabricIp": node.fabric_ip})
