@@ -20,7 +20,7 @@ import pulumi
 import pulumi_docker as docker
 
 from .config import ClusterSpec, NodeSpec, ServeSpec
-from .ray_node import container_env, fabric_env, runtime_settings
+from .ray_node import container_env, fabric_env, node_labels, runtime_settings
 from .spark_node import SparkNode
 from .vllm_serve import SECRET_ENV, serve_argv
 
@@ -76,11 +76,8 @@ class MpRank(pulumi.ComponentResource):
     def __init__(self, name: str, args: MpRankArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:MpRank", name, None, opts)
         cluster, node = args.cluster, args.node
-        labels = [docker.ContainerLabelArgs(label="spark-vllm.stack", value=args.stack),
-                  docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if node.head else "worker"),
-                  docker.ContainerLabelArgs(label="spark-vllm.ranks-digest", value=args.digest)]
-        if args.head is not None:
-            labels.append(docker.ContainerLabelArgs(label="spark-vllm.head-id", value=args.head.container_id))
+        labels = node_labels(args.stack, node, args.head.container_id if args.head else None,
+                             docker.ContainerLabelArgs(label="spark-vllm.ranks-digest", value=args.digest))
         env = container_env(cluster, node, fabric_env)
         secrets = args.secrets or {}
         keys = sorted(secrets)

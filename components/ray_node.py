@@ -87,6 +87,22 @@ def ray_start(cluster: ClusterSpec, node: NodeSpec) -> list[str]:
     return ["start", f"--address={cluster.head.fabric_ip}:{cluster.ray_port}", *common]
 
 
+def node_labels(stack: str, node: NodeSpec, head_id: Optional[pulumi.Input[str]],
+                *extra: docker.ContainerLabelArgs) -> list[docker.ContainerLabelArgs]:
+    """The stack, the role, `extra`, then (for a worker) the id of its head's container.
+
+    A worker must rejoin whenever the head is new; depends_on alone would leave it running against a dead head.
+    The head's id in a label makes a new head part of the worker's diff (also a head re-created after drift);
+    `replace_with` makes the engine take the worker down *before* a head it replaces, which the label cannot:
+    pulumi-docker answers "no diff" while the id is unknown.
+    """
+    labels = [docker.ContainerLabelArgs(label="spark-vllm.stack", value=stack),
+              docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if node.head else "worker"), *extra]
+    if head_id is not None:
+        labels.append(docker.ContainerLabelArgs(label="spark-vllm.head-id", value=head_id))
+    return labels
+
+
 def container_name(stack: str, node: NodeSpec) -> str:
     return f"spark-vllm-{stack}-ray-{'head' if node.head else 'worker'}"
 
@@ -113,14 +129,7 @@ class RayNode(pulumi.ComponentResource):
     def __init__(self, name: str, args: RayNodeArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:RayNode", name, None, opts)
         cluster, node = args.cluster, args.node
-        labels = [docker.ContainerLabelArgs(label="spark-vllm.stack", value=args.stack),
-                  docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if node.head else "worker")]
-        if args.head is not None:
-            # A worker must rejoin whenever the head is new; depends_on alone would leave it running against a
-            # dead GCS. The head's id in a label makes a new head part of the worker's diff (also a head
-            # re-created after drift); `replace_with` below makes the engine take the worker down *before* a
-            # head it replaces, which the label cannot: pulumi-docker answers "no diff" while the id is unknown.
-            labels.append(docker.ContainerLabelArgs(label="spark-vllm.head-id", value=args.head.container_id))
+        labels = node_labels(args.stack, node, args.head.container_id if args.head else None)
         self.container_name = container_name(args.stack, node)
         container = docker.Container(
             f"{name}-container",
