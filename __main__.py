@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pulumi
 
-from components import config, preflight
+from components import preflight, pulumi_config, spec
 from components.fabric_guard import FabricGuard, FabricGuardArgs
 from components.gate import Gate, GateArgs
 from components.gate_args import cluster_ready_args, rank_ready_args, serve_ready_args
@@ -16,10 +16,10 @@ from components.spark_node import SparkNode, SparkNodeArgs
 from components.vllm_serve import VllmServe, VllmServeArgs, page_cache_drops
 from components.weights_sync import WeightsSync, WeightsSyncArgs
 
-deployment = config.from_pulumi(Path(__file__).parent)
+deployment = pulumi_config.from_pulumi(Path(__file__).parent)
 facts = preflight.run(deployment)  # before any resource: a failed check leaves the stack as it was
 cluster, serve = deployment.cluster, deployment.serve
-stack_config = pulumi.Config(config.NAMESPACE)
+stack_config = pulumi.Config(spec.NAMESPACE)
 private_key = pulumi.Output.secret(deployment.ssh_private_key) if deployment.ssh_private_key else None
 
 sparks = {

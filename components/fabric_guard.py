@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_command as command
 
-from .config import ClusterSpec, NodeSpec
+from .spec import ClusterSpec, NodeSpec
 from .remote import script
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .config import ClusterSpec, ServeSpec
-from .schema import _is_ipv4 as is_ipv4  # the validator's own check; schema.py is being rewritten, so not renamed
+from .spec import ClusterSpec, ServeSpec
+from .schema import is_ipv4
 from .vllm_serve import ENV_FILE, LOG_FILE, PID_FILE
 
 

@@ -19,7 +19,7 @@ from typing import Mapping, Optional
 import pulumi
 import pulumi_docker as docker
 
-from .config import ClusterSpec, NodeSpec, ServeSpec
+from .spec import ClusterSpec, NodeSpec, ServeSpec
 from .ray_node import container_env, fabric_env, node_labels, runtime_settings
 from .spark_node import SparkNode
 from .vllm_serve import SECRET_ENV, serve_argv

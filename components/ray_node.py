@@ -14,7 +14,7 @@ from typing import Optional
 import pulumi
 import pulumi_docker as docker
 
-from .config import ClusterSpec, NodeSpec, ServeSpec
+from .spec import ClusterSpec, NodeSpec, ServeSpec
 from .spark_node import SparkNode
 
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"

@@ -6,6 +6,7 @@ each `ConfigError` can name the file, the key path, the bad value and what is ac
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import ipaddress
 import posixpath
@@ -41,7 +42,8 @@ class _Shown:
 
 _MISSING: Any = _Shown("missing")
 HIDDEN: Any = _Shown("<secret, not shown>")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
 # `pulumi config set --path` stores what it is given as a string ('0.8', 'true'), and YAML 1.1 (the catalogs) reads
 # yes/no/on/off as booleans: numbers and booleans are accepted in all these spellings, in every file alike.
@@ -118,8 +120,10 @@ class Section:
 
     def str(self, key: str, default: Any = _MISSING, pattern: Optional[re.Pattern] = None,
             accepted: str = "a non-empty string") -> Any:
-        value = self._typed(key, default, accepted,
-                            lambda v: isinstance(v, str) and v.strip() != "" and (pattern is None or pattern.match(v)))
+        def fits(v: Any) -> builtins.bool:
+            return isinstance(v, str) and v.strip() != "" and (pattern is None or pattern.match(v) is not None)
+
+        value = self._typed(key, default, accepted, fits)
         bad = formats.control_character(value) if isinstance(value, str) else None
         if bad:
             # A value reaches a command line, a file or a header on the node; none of them takes a line break.
@@ -127,7 +131,7 @@ class Section:
                              f"is {self.shown(key, value)!r}, which holds a control character ({bad})")
         return value
 
-    def choice(self, key: str, options: tuple, default: Any = _MISSING) -> Any:
+    def choice(self, key: builtins.str, options: tuple, default: Any = _MISSING) -> Any:
         def as_written(v: Any) -> Any:
             # YAML 1.1 reads `no` as false: a boolean is taken as the option it was written as.
             words = ("yes", "on", "true") if v is True else ("no", "off", "false") if v is False else ()
@@ -135,56 +139,56 @@ class Section:
 
         return self._typed(key, default, "one of " + ", ".join(map(repr, options)), lambda v: v in options, as_written)
 
-    def bool(self, key: str, default: Any = _MISSING) -> Any:
+    def bool(self, key: builtins.str, default: Any = _MISSING) -> Any:
         return self._typed(key, default, "true or false", lambda v: isinstance(v, bool),
                            lambda v: _BOOLS.get(v, v) if isinstance(v, str) else v)
 
-    def int(self, key: str, default: Any = _MISSING, lo: int = 1, hi: int = 2**31) -> Any:
+    def int(self, key: builtins.str, default: Any = _MISSING, lo: int = 1, hi: int = 2**31) -> Any:
         return self._typed(key, default, f"a whole number from {lo} to {hi}",
                            lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi,
                            lambda v: int(v) if isinstance(v, str) and _INT.fullmatch(v) else v)
 
-    def fraction(self, key: str, default: Any = _MISSING) -> Any:
+    def fraction(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self._typed(key, default, "a number in (0, 1]",
                             lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
                             lambda v: float(v) if isinstance(v, str) and _NUMBER.fullmatch(v) else v)
         return None if value is None else float(value)
 
-    def port(self, key: str, default: Any = _MISSING) -> Any:
+    def port(self, key: builtins.str, default: Any = _MISSING) -> Any:
         return self.int(key, default, lo=1, hi=65535)
 
-    def ipv4(self, key: str, default: Any = _MISSING) -> Any:
-        return self._typed(key, default, "an IPv4 address such as 192.168.200.1", _is_ipv4)
+    def ipv4(self, key: builtins.str, default: Any = _MISSING) -> Any:
+        return self._typed(key, default, "an IPv4 address such as 192.168.200.1", is_ipv4)
 
-    def host(self, key: str, default: Any = _MISSING) -> Any:
+    def host(self, key: builtins.str, default: Any = _MISSING) -> Any:
         return self._typed(key, default, "an IPv4 address or a host name",
-                           lambda v: isinstance(v, str) and (_is_ipv4(v) or (_HOSTNAME.match(v) and not _looks_numeric(v))))
+                           lambda v: isinstance(v, str) and (is_ipv4(v) or _is_host_name(v)))
 
-    def name(self, key: str, default: Any = _MISSING) -> Any:
+    def name(self, key: builtins.str, default: Any = _MISSING) -> Any:
         return self.str(key, default, pattern=_NAME,
                         accepted="a name of lower-case letters, digits and dashes (at most 32)")
 
-    def user(self, key: str, default: Any = _MISSING) -> Any:
+    def user(self, key: builtins.str, default: Any = _MISSING) -> Any:
         return self._typed(key, default, "a user name of letters, digits, '.', '_' and '-', starting with a letter "
                                          "or '_', at most 32 characters",
                            lambda v: formats.fullmatch(formats.USER_NAME, v))
 
-    def interface(self, key: str, default: Any = _MISSING) -> Any:
+    def interface(self, key: builtins.str, default: Any = _MISSING) -> Any:
         return self._typed(key, default, "a network interface name such as enp1s0f1np1 (at most 15 characters, "
                                          "no spaces, '/' or ':')",
                            lambda v: formats.fullmatch(formats.INTERFACE, v))
 
-    def image(self, key: str, default: Any = _MISSING) -> Any:
+    def image(self, key: builtins.str, default: Any = _MISSING) -> Any:
         return self._typed(key, default, "a Docker image reference such as nvcr.io/nvidia/vllm:26.03-py3 (a lower-case "
                                          "repository, no spaces)",
                            lambda v: formats.fullmatch(formats.IMAGE, v))
 
-    def gpus(self, key: str, default: Any = _MISSING) -> Any:
+    def gpus(self, key: builtins.str, default: Any = _MISSING) -> Any:
         return self._typed(key, default, "'all', 'none', a GPU count such as 2, device=0, or several devices in "
                                          "double quotes such as '\"device=0,1\"'",
                            lambda v: formats.fullmatch(formats.GPUS, v), lambda v: str(v) if type(v) is int else v)
 
-    def abs_path(self, key: str, default: Any = _MISSING) -> Any:
+    def abs_path(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self._get(key, default, "an absolute path")
         if value is _MISSING:
             return default
@@ -195,14 +199,14 @@ class Section:
                              + (f": {plain!r}" if formats.normal_absolute_path(plain) else ""))
         return value
 
-    def str_list(self, key: str, default: Any = _MISSING) -> Any:
+    def str_list(self, key: builtins.str, default: Any = _MISSING) -> Any:
         # `pulumi config set --path 'k[1]' 8192` stores a number: whole numbers are taken as written.
         value = self._typed(key, default, "a list of strings (whole numbers may stay unquoted)",
                             lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                             lambda v: [str(x) if type(x) is int else x for x in v] if isinstance(v, list) else v)
         return tuple(value) if isinstance(value, list) else value
 
-    def env(self, key: str, default: Any = _MISSING) -> Any:
+    def env(self, key: builtins.str, default: Any = _MISSING) -> Any:
         """Environment variables: POSIX names, string values. Numbers and booleans must be quoted, as YAML turns `0`
         into a number, `no` into false and `1.10` into 1.1."""
         value = self._typed(key, default, "a mapping of names to string values", lambda v: isinstance(v, dict))
@@ -216,12 +220,12 @@ class Section:
                 raise self.error(f"{key}.{name}", item, "a string without NUL characters")
         return dict(value) if isinstance(value, dict) else value
 
-    def section(self, key: str, required: bool = False) -> "Section":
+    def section(self, key: builtins.str, required: builtins.bool = False) -> "Section":
         value = self._get(key, _MISSING if required else {}, "a mapping of keys to values")
         return Section({} if value is _MISSING else value, self.file, self.key_path(key),
                        secret=self.secret or key in self.secret_keys)
 
-    def sections(self, key: str) -> list["Section"]:
+    def sections(self, key: builtins.str) -> list["Section"]:
         value = self._typed(key, _MISSING, "a non-empty list of mappings",
                             lambda v: isinstance(v, list) and len(v) > 0)
         return [Section(item, self.file, f"{self.key_path(key)}[{i}]", secret=self.secret)
@@ -239,7 +243,7 @@ class Section:
                              + did_you_mean(key, self._read))
 
 
-def _is_ipv4(value: Any) -> bool:
+def is_ipv4(value: Any) -> bool:
     try:
         ipaddress.IPv4Address(value)
         return isinstance(value, str)
@@ -247,5 +251,6 @@ def _is_ipv4(value: Any) -> bool:
         return False
 
 
-def _looks_numeric(value: str) -> bool:
-    return all(part.isdigit() for part in value.split("."))
+def _is_host_name(value: str) -> bool:
+    # A dotted number (`192.168.1`) matches the host-name pattern, but is a mistyped address.
+    return _HOSTNAME.match(value) is not None and not all(part.isdigit() for part in value.split("."))

@@ -9,7 +9,7 @@ import pulumi
 import pulumi_command as command
 import pulumi_docker as docker
 
-from .config import NodeSpec, SshSpec
+from .spec import NodeSpec, SshSpec
 from .node_runner import ensure_control_dir, provider_ssh_opts
 
 

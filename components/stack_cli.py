@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from . import config
+from . import loader, spec
 
 
 def pulumi_json(*args: str, stack: str) -> Any:
@@ -25,7 +25,7 @@ def pulumi_json(*args: str, stack: str) -> Any:
 @dataclass(frozen=True)
 class StackConfig:
     name: str
-    deployment: config.Deployment
+    deployment: spec.Deployment
     values: Mapping[str, Any]  # every config value by its full key, secrets shown
 
 
@@ -36,4 +36,4 @@ def read(project: Path, stack: Optional[str]) -> StackConfig:
     raw = pulumi_json("config", "--show-secrets", stack=name)
     values = {key: value.get("objectValue", value.get("value")) for key, value in raw.items()}
     secret_keys = {key for key, value in raw.items() if value.get("secret")}
-    return StackConfig(name, config.load(name, values, secret_keys, project), values)
+    return StackConfig(name, loader.load(name, values, secret_keys, project), values)

@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 import pulumi
 import pulumi_command as command
 
-from .config import ClusterSpec, ServeSpec
+from .spec import ClusterSpec, ServeSpec
 from .remote import script
 
 RUN_DIR = "/run/spark-vllm"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from .config import ClusterSpec
+from .spec import ClusterSpec
 from .node_facts import Model, NodeFacts
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")

@@ -26,7 +26,7 @@ from typing import Mapping, Optional
 import pulumi
 import pulumi_command as command
 
-from .config import ClusterSpec, PreflightSpec, ServeSpec
+from .spec import ClusterSpec, PreflightSpec, ServeSpec
 from .node_facts import NodeFacts
 from .node_runner import rsync_argv
 from .weight_manifests import manifest, sync_needed

@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 
 import pulumi
 
-from ..config import Deployment, NodeSpec
+from ..spec import Deployment, NodeSpec
 from ..fabric_guard import GuardState, guard_state
 from ..node_facts import NodeFacts
 from .judging import Status, evaluate

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Mapping, Optional
 
-from ..config import Deployment, NodeSpec
+from ..spec import Deployment, NodeSpec
 from ..node_facts import GpuSource, Model, NodeFacts
 from ..fabric_guard import GuardState, chain_name, guard_state
 from ..mp_rank import container_name as rank_container_name

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from .. import node_runner
-from ..config import Deployment, NodeSpec
+from ..spec import Deployment, NodeSpec
 from ..fabric_guard import chain_prefix
 from ..node_facts import NodeFacts, parse
 from ..remote import script

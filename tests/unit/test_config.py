@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from components import config
+from components import loader
 from components.schema import ConfigError
 from fixtures import cluster_with, models_with, stack_config, write_catalog
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def load(tmp_path, stack=None, clusters=None, models=None, secret_keys=()):
     catalog = write_catalog(tmp_path / "catalog", clusters, models)
     cfg = stack_config(catalog) if stack is None else stack(stack_config(catalog))
-    return config.load("test", cfg, set(secret_keys), ROOT)
+    return loader.load("test", cfg, set(secret_keys), ROOT)
 
 
 def stack_with(**kv):
@@ -181,7 +181,7 @@ def test_yaml_syntax_errors_name_file_and_line(tmp_path, file, broken):
     catalog = write_catalog(tmp_path / "catalog")
     (catalog / file).write_text(broken)
     with pytest.raises(ConfigError) as err:
-        config.load("test", stack_config(catalog), set(), ROOT)
+        loader.load("test", stack_config(catalog), set(), ROOT)
     message = str(err.value)
     assert message.startswith(f"{catalog}/{file}: line "), message
     assert "is not valid YAML" in message and "expected valid YAML" in message
@@ -219,7 +219,7 @@ def test_shipped_stacks_validate(stack, monkeypatch, tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("key")
     values = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
-    d = config.load(stack, values, set(), ROOT)
+    d = loader.load(stack, values, set(), ROOT)
     assert d.serve.tensor_parallel * d.serve.pipeline_parallel == d.cluster.total_gpus
 
 
@@ -257,5 +257,5 @@ def test_shipped_stacks_pick_their_executors():
 def test_a_site_catalog_outside_the_checkout_is_found_under_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     write_catalog(tmp_path / "spark-site")
-    d = config.load("test", {**stack_config(tmp_path / "unused"), "spark-vllm:catalog": "~/spark-site"}, set(), ROOT)
+    d = loader.load("test", {**stack_config(tmp_path / "unused"), "spark-vllm:catalog": "~/spark-site"}, set(), ROOT)
     assert d.cluster.name == "c3" and d.serve.model_path == "/models/big"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import config, serve_flags
+from components import loader, pulumi_config, serve_flags, spec
 from components.fabric_guard import chain_name, guard_command
 from components.ray_node import container_env, ray_start
 from components.schema import ConfigError
@@ -62,7 +62,7 @@ def catalog_text(base: str, change) -> str:
     return base
 
 
-def load(tmp_path: Path, case: dict) -> config.Deployment:
+def load(tmp_path: Path, case: dict) -> spec.Deployment:
     """The case's Deployment, with the stack config as the Pulumi engine hands it to the program."""
     folder = tmp_path / "catalog"
     folder.mkdir()
@@ -78,7 +78,7 @@ def load(tmp_path: Path, case: dict) -> config.Deployment:
     handed = {key: value if isinstance(value, str) else json.dumps(value) if isinstance(value, (dict, list))
               else str(value).lower() if isinstance(value, bool) else str(value) for key, value in stack.items()}
     secret_keys = set(case.get("secrets", {}))
-    return config.load(STACK, {key: config._decode(value) for key, value in handed.items()}, secret_keys, ROOT)
+    return loader.load(STACK, {key: pulumi_config.decode(value) for key, value in handed.items()}, secret_keys, ROOT)
 
 
 @pytest.mark.parametrize("case", cases("refused"))
@@ -128,8 +128,8 @@ def test_serve_argv_sets_only_flags_extra_args_may_not_repeat():
     assert emitted <= set(serve_flags.OWNED)
 
 
-def load_base() -> config.Deployment:
-    return config.load(STACK, {"spark-vllm:catalog": str(CORPUS / "base"), **yaml.load(
+def load_base() -> spec.Deployment:
+    return loader.load(STACK, {"spark-vllm:catalog": str(CORPUS / "base"), **yaml.load(
         (CORPUS / "base" / "stack.yaml").read_text(), PulumiYaml)["config"]}, set(), ROOT)
 
 

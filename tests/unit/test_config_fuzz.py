@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from components import config
+from components import loader, spec
 from components.fabric_guard import chain_name, guard_command
 from components.ray_node import container_env, ray_start
 from components.schema import ConfigError
@@ -58,7 +58,7 @@ def _mutate(data, path, value) -> bool:
     return old is NEW or old != value or type(old) is not type(value)
 
 
-def built(d: config.Deployment) -> None:
+def built(d: spec.Deployment) -> None:
     """Everything the program builds from a Deployment, before any resource."""
     chain = chain_name(d.stack, d.cluster)
     for node in d.cluster.nodes:
@@ -85,7 +85,7 @@ def test_any_config_validates_and_builds_or_raises_config_error(tmp_path_factory
             stack[f"spark-vllm:{stack_key}"] = stack_value
         secrets = {f"spark-vllm:{stack_key}"} if secret else set()
         try:
-            d = config.load("fuzz", stack, secrets, ROOT)
+            d = loader.load("fuzz", stack, secrets, ROOT)
         except ConfigError as e:
             assert "\n" not in str(e) and str(e).endswith(".")
         else:
@@ -118,7 +118,7 @@ def test_near_valid_configs_validate_and_build_or_raise_config_error(tmp_path_fa
         _mutate(cluster if leaf[0] == "cluster" else models["big"], leaf[1], value)
         catalog = write_catalog(tmp_path_factory.mktemp("near"), {"c3": cluster}, models)
         try:
-            d = config.load("near", {"spark-vllm:catalog": str(catalog), "spark-vllm:cluster": "c3",
+            d = loader.load("near", {"spark-vllm:catalog": str(catalog), "spark-vllm:cluster": "c3",
                                      "spark-vllm:model": "big"}, set(), ROOT)
         except ConfigError as e:
             assert "\n" not in str(e) and str(e).endswith(".")
@@ -138,7 +138,7 @@ def test_any_catalog_text_validates_or_raises_config_error(tmp_path_factory, tex
     catalog = write_catalog(tmp_path_factory.mktemp("fuzz"))
     (catalog / "clusters.yaml").write_text(text)
     try:
-        config.load("fuzz", {"spark-vllm:catalog": str(catalog), "spark-vllm:cluster": "c3",
+        loader.load("fuzz", {"spark-vllm:catalog": str(catalog), "spark-vllm:cluster": "c3",
                              "spark-vllm:model": "big"}, set(), ROOT)
     except ConfigError:
         pass

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from components import node_runner
-from components.config import load
+from components.loader import load
 from fixtures import stack_config, write_catalog
 from harness import ROOT
 

@@ -17,7 +17,7 @@ import sys
 import pulumi
 import pytest
 
-from components import config, node_runner, preflight, weight_manifests
+from components import loader, node_runner, preflight, spec, weight_manifests
 from components.fabric_guard import GuardState, guard_state
 from components.node_facts import Docker, parse
 from components.preflight import probing as preflight_probe
@@ -46,7 +46,7 @@ def deployment(tmp_path, serve=None, **checks):
     cfg = stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True, **checks})
     if serve:
         cfg["spark-vllm:serve"] = serve
-    return config.load("test", cfg, set(), ROOT)
+    return loader.load("test", cfg, set(), ROOT)
 
 
 def healthy() -> dict:
@@ -118,8 +118,8 @@ def test_the_ssh_row_names_the_slowest_step_of_the_probe(tmp_path):
 def test_preflight_is_on_by_default_with_its_settings_validated(tmp_path):
     cfg = stack_config(write_catalog(tmp_path / "catalog"))
     del cfg["spark-vllm:preflight"]
-    d = config.load("test", cfg, set(), ROOT)
-    assert d.preflight == config.PreflightSpec(enabled=True, hash_weights=False, timeout_s=60, sync_weights=False,
+    d = loader.load("test", cfg, set(), ROOT)
+    assert d.preflight == spec.PreflightSpec(enabled=True, hash_weights=False, timeout_s=60, sync_weights=False,
                                                sync_timeout_s=3600)
     assert d.cluster.gpu_probe is None
     for bad, message in [
@@ -136,18 +136,18 @@ def test_preflight_is_on_by_default_with_its_settings_validated(tmp_path):
          "expected false while preflight.enabled is false."),
     ]:
         with pytest.raises(ConfigError) as err:
-            config.load("test", {**cfg, "spark-vllm:preflight": bad}, set(), ROOT)
+            loader.load("test", {**cfg, "spark-vllm:preflight": bad}, set(), ROOT)
         assert str(err.value) == f"Pulumi.test.yaml: {message}"
 
 
 def test_the_clusters_gpu_stand_in_is_read_from_the_catalog(tmp_path):
     clusters = cluster_with(lambda c: c.update(preflight={"gpuProbe": "echo 'GPU 0: stand-in'"}))
-    d = config.load("test", stack_config(write_catalog(tmp_path / "catalog", clusters)), set(), ROOT)
+    d = loader.load("test", stack_config(write_catalog(tmp_path / "catalog", clusters)), set(), ROOT)
     assert d.cluster.gpu_probe == "echo 'GPU 0: stand-in'"
     assert preflight_probe.probe_spec(d, d.cluster.head)["gpuProbe"] == "echo 'GPU 0: stand-in'"
     bad = cluster_with(lambda c: c.update(preflight={"gpuProbe": ""}))
     with pytest.raises(ConfigError, match=r"c3.preflight.gpuProbe is ''; expected a shell command"):
-        config.load("test", stack_config(write_catalog(tmp_path / "bad", bad)), set(), ROOT)
+        loader.load("test", stack_config(write_catalog(tmp_path / "bad", bad)), set(), ROOT)
 
 
 # ---- ssh+docker ----
@@ -738,7 +738,7 @@ def test_a_guard_that_cannot_be_checked_fails_since_up_could_not_apply_it(tmp_pa
 def test_without_the_guard_there_is_no_guard_row_and_no_probe_for_it(tmp_path):
     cfg = stack_config(write_catalog(tmp_path / "catalog", clusters=cluster_with(
         lambda c: c["ray"].update(fabricGuard=False))), preflight={"enabled": True})
-    d = config.load("test", cfg, set(), ROOT)
+    d = loader.load("test", cfg, set(), ROOT)
     facts = healthy()
     for f in facts.values():
         del f["guard"]

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from components.node_facts import parse
-from components import config, preflight
+from components import loader, preflight, validate
 from components.fabric_guard import chain_name
 from components.ray_node import pinned_env
 from fixtures import KEY, cluster_with, stack_config, write_catalog
@@ -71,7 +71,7 @@ def test_graph_orders_head_workers_gate_serve_ready(rec):
 
 
 def test_each_nodes_guard_goes_in_before_its_ray_container(rec, tmp_path):
-    cluster = config.load("test", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT).cluster
+    cluster = loader.load("test", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT).cluster
     chain = chain_name("test", cluster)
     assert re.fullmatch(r"svl-test-[0-9a-f]{8}", chain)
     for node, host, container in (("spark1", "10.10.10.11", "ray-head-container"),
@@ -134,9 +134,9 @@ def test_containers_are_pinned_to_the_fabric(rec):
 
 
 def test_the_pinned_variables_are_the_ones_config_refuses_to_override(tmp_path):
-    # config.PINNED_ENV guards the user's extras; it must name exactly what ray_node pins.
-    d = config.load("t", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT)
-    assert set(pinned_env(d.cluster, d.cluster.head)) == set(config.PINNED_ENV)
+    # validate.PINNED_ENV guards the user's extras; it must name exactly what ray_node pins.
+    d = loader.load("t", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT)
+    assert set(pinned_env(d.cluster, d.cluster.head)) == set(validate.PINNED_ENV)
 
 
 def test_head_and_worker_ray_flags(rec):

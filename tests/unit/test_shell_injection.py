@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from components.config import NodeSpec
+from components.spec import NodeSpec
 from components.fabric_guard import guard_command
 from components.remote.serve_ready import api_key
 from components.vllm_serve import start_script

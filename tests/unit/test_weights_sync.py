@@ -11,7 +11,7 @@ import pytest
 
 from components.node_facts import parse
 from components import preflight, weights_sync
-from components.config import load
+from components.loader import load
 from components.node_runner import rsync_argv
 from fixtures import KEY, stack_config, write_catalog
 from harness import ROOT, plain_strings, run_program

@@ -1,154 +1,25 @@
-"""The validated deployment: stack config plus the cluster and model catalogs.
+"""The validator: every key of the stack and of the catalog entries it names, checked once, into `spec` types.
 
-`load()` reads everything once, before any resource is registered, and either returns a
-complete `Deployment` or raises one `ConfigError` naming the file, the key path, the value
-and what is accepted. Only the secrets' values are taken from Pulumi again, by `__main__`, as secret
-outputs; `Deployment.secrets` says which ones are set.
+Each refusal is one `ConfigError` naming the file, the key path, the value and what is accepted; `schema.Section`
+gives the typed getters, and the checks across keys (ports, nodes, jump hosts, extraArgs) are here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
 import shlex
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Mapping
 
-from . import serve_flags, yaml_file
+from . import serve_flags
 from .schema import HIDDEN, ConfigError, Section, closest, did_you_mean
+from .spec import NAMESPACE, SECRET_KEYS, ClusterSpec, NodeSpec, PreflightSpec, ServeSpec, SshSpec
 
-NAMESPACE = "spark-vllm"
-SECRET_KEYS = ("apiKey", "hfToken")
 # Environment variables that would carry those secrets in plain text, in the containers' create inputs.
 PLAIN_SECRET_ENV = {"VLLM_API_KEY": "apiKey", "HF_TOKEN": "hfToken", "HUGGING_FACE_HUB_TOKEN": "hfToken"}
 # Env vars the program pins to the fabric on every node; user extras may not override them.
 PINNED_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME",
               "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR", "RAY_memory_monitor_refresh_ms",
               "AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    name: str
-    head: bool
-    ssh_host: str
-    ssh_port: int
-    ssh_user: str
-    via: Optional[str]  # name of the node used as SSH jump host
-    fabric_ip: str
-    env: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SshSpec:
-    key_file: Optional[str]  # None: the ssh agent
-    known_hosts_file: Optional[str]
-    strict_host_key_checking: str
-    control_persist_s: int  # how long a shared SSH connection outlives its last use; 0: no sharing
-
-
-@dataclass(frozen=True)
-class ClusterSpec:
-    name: str
-    ssh: SshSpec
-    fabric_interface: str
-    ray_port: int
-    dashboard_port: int
-    ray_ports: Mapping[str, int]  # `ray start` flag -> port, for Ray's other fixed ports (RAY_PORTS)
-    ray_port_env: Mapping[str, int]  # environment variable -> port, for the ports Ray reads from there (RAY_PORT_ENV)
-    worker_ports: tuple[int, int]  # the range Ray's workers take ports from
-    fabric_guard: bool  # close Ray's ports on every interface but the fabric and loopback
-    gpus_per_node: int
-    docker_gpus: Optional[str]  # value for `docker run --gpus`, None to request no GPU devices
-    rdma: bool
-    shm_size_mb: int
-    ulimits: Mapping[str, int]  # soft = hard; -1 is unlimited
-    env: Mapping[str, str]
-    hf_cache: str
-    api_bind: str
-    api_port: int
-    endpoint_host: str
-    nodes: tuple[NodeSpec, ...]
-    gpu_probe: Optional[str] = None  # a stand-in for `nvidia-smi -L` where a node has no GPU (the lab)
-    master_port: int = 29501  # mp: rank 0's rendezvous port (torch.distributed's store), on the head
-    executor: str = "ray"  # the deployment's `serve.executor`: which ports the nodes open depends on it
-
-    @property
-    def head(self) -> NodeSpec:
-        return next(n for n in self.nodes if n.head)
-
-    @property
-    def workers(self) -> tuple[NodeSpec, ...]:
-        return tuple(n for n in self.nodes if not n.head)
-
-    @property
-    def total_gpus(self) -> int:
-        return self.gpus_per_node * len(self.nodes)
-
-    def node(self, name: str) -> NodeSpec:
-        return next(n for n in self.nodes if n.name == name)
-
-    @property
-    def head_ports(self) -> dict[int, tuple[str, str]]:
-        """The fixed ports the head opens, with what holds them and their config key."""
-        if self.executor == "mp":
-            return {self.master_port: ("mp master", "mp.masterPort"), self.api_port: ("API", "api.port")}
-        return {self.ray_port: ("Ray GCS", "ray.port"), self.dashboard_port: ("dashboard", "ray.dashboardPort"),
-                self.api_port: ("API", "api.port")}
-
-    @property
-    def guarded_ports(self) -> list[str]:
-        """Every TCP port Ray listens on, as iptables --dport values ("6379", "10002:19999"); "ephemeral" is the
-        node's own ip_local_port_range, where the raylet's random ports are. With mp: the master port, and the
-        ephemeral range where each rank's NCCL, gloo and message-queue ports are."""
-        if self.executor == "mp":
-            return [str(self.master_port), "ephemeral"]
-        low, high = self.worker_ports
-        fixed = (self.ray_port, self.dashboard_port, *self.ray_ports.values(), *self.ray_port_env.values())
-        return [str(p) for p in fixed] + [f"{low}:{high}", "ephemeral"]
-
-
-@dataclass(frozen=True)
-class ServeSpec:
-    model: str  # preset name
-    image: str
-    model_path: str
-    served_name: str
-    tensor_parallel: int
-    pipeline_parallel: int
-    gpu_memory_utilization: float
-    max_model_len: Optional[int]
-    enforce_eager: bool
-    load_format: str
-    max_num_seqs: Optional[int]
-    extra_args: tuple[str, ...]
-    drop_page_cache: bool = False  # drop every node's page cache before each start of the serve (needs root)
-    executor: str = "ray"  # vLLM's --distributed-executor-backend across nodes: "ray", or "mp" (no Ray)
-
-
-@dataclass(frozen=True)
-class PreflightSpec:
-    enabled: bool
-    hash_weights: bool  # compare the shards' SHA-256 too, not only names and sizes (slow)
-    timeout_s: int  # bound on each node's probe, SSH included
-    sync_weights: bool = False  # copy missing or different files from the head to the workers over the fabric
-    sync_timeout_s: int = 3600  # bound on each worker's sync
-
-
-@dataclass(frozen=True)
-class Deployment:
-    stack: str
-    cluster: ClusterSpec
-    serve: ServeSpec
-    cluster_ready_timeout_s: int
-    serve_ready_timeout_s: int
-    secrets: tuple[str, ...]  # which of SECRET_KEYS are set (values are read as Pulumi secrets)
-    ssh_private_key: Optional[str]  # contents of the key file; the program wraps it as a secret
-    preflight: PreflightSpec
-
-
 # What RDMA and NCCL need (the anchors' `--ulimit` flags); a host that cannot grant them sets lower ones.
 DEFAULT_ULIMITS = {"memlock": -1, "stack": 67108864, "nofile": 1048576}
 # Ray's fixed ports besides the GCS and the dashboard: `ray start` flag -> (key under `ray:`, default). Ray binds
@@ -169,51 +40,46 @@ EXECUTORS = ("ray", "mp")  # vLLM's own names for its executors across nodes
 LOAD_FORMATS = ("auto", "safetensors", "fastsafetensors", "runai_streamer", "pt", "dummy")
 
 
-def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_dir: Path) -> Deployment:
-    """Validates the stack's config (`spark-vllm:*` keys, already JSON-decoded) and the catalogs it names."""
-    stack_file = f"Pulumi.{stack}.yaml"
+@dataclass(frozen=True)
+class StackKeys:
+    """The stack file's own keys; the cluster and the model are entries of the catalogs."""
+    catalog: str  # the catalogs' folder, as written
+    cluster: str
+    model: str
+    overrides: Section  # `serve:`, read beside the model's preset
+    cluster_ready_timeout_s: int
+    serve_ready_timeout_s: int
+    preflight: PreflightSpec
+    secrets: tuple[str, ...]
+
+
+def stack_keys(config: Mapping[str, Any], secret_keys: set[str], stack_file: str) -> StackKeys:
+    """The stack's `spark-vllm:*` keys (already JSON-decoded); `secret_keys` are those set with --secret."""
     _refuse_near_namespaces(config, stack_file)
     top = Section({k[len(NAMESPACE) + 1:]: v for k, v in config.items() if k.startswith(NAMESPACE + ":")},
                   stack_file, NAMESPACE, sep=":")
     top.secret_keys = {*SECRET_KEYS, *(k[len(NAMESPACE) + 1:] for k in secret_keys if k.startswith(NAMESPACE + ":"))}
     # A site keeps its catalogs outside the checkout: an absolute path, or one under ~; relative to the project.
-    catalog_name = top.str("catalog", "catalog")
-    catalog_dir = project_dir / Path(catalog_name).expanduser()
-    cluster_name = top.str("cluster")
-    model_name = top.str("model")
+    catalog = top.str("catalog", "catalog")
+    cluster, model = top.str("cluster"), top.str("model")
     overrides = top.section("serve")
     timeouts = top.section("timeouts")
     cluster_ready_s = timeouts.int("clusterReadySeconds", 180, lo=10, hi=3600)
     serve_ready_s = timeouts.int("serveReadySeconds", 2400, lo=30, hi=4 * 3600)
     timeouts.done()
-    checks = top.section("preflight")
-    preflight = PreflightSpec(enabled=checks.bool("enabled", True), hash_weights=checks.bool("hashWeights", False),
-                              timeout_s=checks.int("timeoutSeconds", 60, lo=5, hi=4 * 3600),
-                              sync_weights=checks.bool("syncWeights", False),
-                              sync_timeout_s=checks.int("syncTimeoutSeconds", 3600, lo=10, hi=24 * 3600))
+    keys = top.section("preflight")
+    preflight = PreflightSpec(enabled=keys.bool("enabled", True), hash_weights=keys.bool("hashWeights", False),
+                              timeout_s=keys.int("timeoutSeconds", 60, lo=5, hi=4 * 3600),
+                              sync_weights=keys.bool("syncWeights", False),
+                              sync_timeout_s=keys.int("syncTimeoutSeconds", 3600, lo=10, hi=24 * 3600))
     if preflight.sync_weights and not preflight.enabled:
-        raise checks.error("syncWeights", True, "false while preflight.enabled is false",
-                           "is true, but the sync acts on what preflight finds, and preflight is off")
-    checks.done()
-    secrets = [key for key in SECRET_KEYS if _secret(top, key, secret_keys)]
+        raise keys.error("syncWeights", True, "false while preflight.enabled is false",
+                         "is true, but the sync acts on what preflight finds, and preflight is off")
+    keys.done()
+    secrets = tuple(key for key in SECRET_KEYS if _secret(top, key, secret_keys))
     _refuse_flat_paths(top)
     top.done()
-
-    clusters = _catalog_entry(catalog_dir, catalog_name, "clusters.yaml", cluster_name, stack_file, "cluster")
-    cluster = _cluster(clusters, cluster_name)
-    preset = _catalog_entry(catalog_dir, catalog_name, "models.yaml", model_name, stack_file, "model")
-    serve = _serve(preset, overrides, model_name)
-    cluster = dataclasses.replace(cluster, executor=serve.executor)
-
-    world = serve.tensor_parallel * serve.pipeline_parallel
-    if world != cluster.total_gpus:
-        raise ConfigError(stack_file, f"{NAMESPACE}:serve.tensorParallel x pipelineParallel", world,
-                          f"{cluster.total_gpus} (the GPUs in cluster {cluster_name!r}: {len(cluster.nodes)} nodes"
-                          f" x {cluster.gpus_per_node})",
-                          f"is {serve.tensor_parallel} x {serve.pipeline_parallel} = {world}")
-    return Deployment(stack=stack, cluster=cluster, serve=serve, cluster_ready_timeout_s=cluster_ready_s,
-                      serve_ready_timeout_s=serve_ready_s, secrets=tuple(secrets),
-                      ssh_private_key=_read_key(cluster, clusters.file), preflight=preflight)
+    return StackKeys(catalog, cluster, model, overrides, cluster_ready_s, serve_ready_s, preflight, secrets)
 
 
 def _refuse_near_namespaces(config: Mapping[str, Any], stack_file: str) -> None:
@@ -251,24 +117,7 @@ def _refuse_flat_paths(top: Section) -> None:
                             f"{key!r} is one key's name")
 
 
-def _catalog_entry(folder: Path, folder_name: str, file: str, name: str, stack_file: str, what: str) -> Section:
-    """The entry `name` of a catalog file, read as `folder_name/file` in errors."""
-    shown = f"{folder_name}/{file}"
-    try:
-        text = (folder / file).read_text()
-    except OSError as e:
-        raise ConfigError(stack_file, f"{NAMESPACE}:catalog", folder_name, f"a folder holding {file}",
-                          f"is {folder_name!r}, where {file} cannot be read ({e.strerror})") from None
-    data = yaml_file.load(text, shown)
-    catalog = Section(data if data is not None else {}, shown, "")
-    if not catalog.has(name):
-        raise ConfigError(stack_file, f"{NAMESPACE}:{what}", name,
-                          f"a {what} defined in {shown}: " + (", ".join(sorted(map(str, catalog.data))) or "none"),
-                          f"is {name!r}" + did_you_mean(name, catalog.data))
-    return catalog.section(name)
-
-
-def _cluster(c: Section, name: str) -> ClusterSpec:
+def cluster(c: Section, name: str) -> ClusterSpec:
     ssh = c.section("ssh")
     user = ssh.user("user", "root")
     ssh_spec = SshSpec(key_file=ssh.str("keyFile", None), known_hosts_file=ssh.str("knownHostsFile", None),
@@ -304,9 +153,9 @@ def _cluster(c: Section, name: str) -> ClusterSpec:
     api_port = api.port("port", 8000)
     endpoint_host = api.host("endpointHost", None)
     api.done()
-    checks = c.section("preflight")
-    gpu_probe = checks.str("gpuProbe", None, accepted="a shell command that prints one `GPU <n>: <name>` line a GPU")
-    checks.done()
+    preflight = c.section("preflight")
+    gpu_probe = preflight.str("gpuProbe", None, accepted="a shell command that prints one `GPU <n>: <name>` line a GPU")
+    preflight.done()
     node_sections = c.sections("nodes")
     nodes = [_node(n, user) for n in node_sections]
     c.done()
@@ -368,8 +217,9 @@ def _check_nodes(c: Section, nodes: list[NodeSpec]) -> None:
         seen_names[node.name], seen_ips[node.fabric_ip] = i, i
     heads = [i for i, n in enumerate(nodes) if n.head]
     if len(heads) != 1:
+        named = f" ({', '.join(nodes[i].name for i in heads)})" if heads else ""
         raise c.error("nodes", [nodes[i].name for i in heads], "exactly one node with `role: head`",
-                      f"has {len(heads)} head nodes" + (f" ({', '.join(nodes[i].name for i in heads)})" if heads else ""))
+                      f"has {len(heads)} head nodes{named}")
     via = {n.name: n.via for n in nodes}
     others = {n.name: [m for m, hop in via.items() if hop is None and m != n.name] for n in nodes}
     jumps = [(i, n) for i, n in enumerate(nodes) if n.via is not None]
@@ -409,13 +259,13 @@ def _check_ports(c: Section, ports: dict[str, int], worker_ports: tuple[int, int
         seen[port] = key
 
 
-def _serve(preset: Section, overrides: Section, model_name: str) -> ServeSpec:
+def serve(preset: Section, overrides: Section, model_name: str) -> ServeSpec:
     def pick(key: str) -> Section:
         """The stack's override if it sets `key`, else the preset: errors then blame the right file."""
         preset._read.add(key)
         return overrides if overrides.has(key) else preset
 
-    spec = ServeSpec(model=model_name, image=pick("image").image("image"), model_path=pick("path").abs_path("path"),
+    spec = ServeSpec(image=pick("image").image("image"), model_path=pick("path").abs_path("path"),
                      served_name=pick("servedName").str("servedName", model_name),
                      tensor_parallel=pick("tensorParallel").int("tensorParallel", 1, lo=1, hi=64),
                      pipeline_parallel=pick("pipelineParallel").int("pipelineParallel", 1, lo=1, hi=64),
@@ -464,34 +314,11 @@ def _extra_args(s: Section) -> tuple[str, ...]:
     return args
 
 
-def _read_key(cluster: ClusterSpec, clusters_file: str) -> Optional[str]:
-    if cluster.ssh.key_file is None:
-        return None
-    path = Path(os.path.expanduser(cluster.ssh.key_file))
-    try:
-        return path.read_text()
-    except OSError as e:
-        raise ConfigError(clusters_file, f"{cluster.name}.ssh.keyFile", cluster.ssh.key_file,
-                          "a readable SSH private key file (or leave it out to use the ssh agent)",
-                          f"is {cluster.ssh.key_file!r}, which cannot be read ({e.strerror})") from None
-
-
-def from_pulumi(project_dir: Path) -> Deployment:
-    """`load()` with this stack's config, as the Pulumi engine handed it to the program."""
-    import pulumi
-    from pulumi.runtime import config as runtime_config
-
-    raw = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
-    values = {key: _decode(value) for key, value in raw.items()}
-    secret_keys = {key for key in raw if runtime_config.is_config_secret(key)}
-    return load(pulumi.get_stack(), values, secret_keys, project_dir)
-
-
-def _decode(value: Any) -> Any:
-    # Structured config (objects, lists) reaches the program as JSON text; plain values stay strings.
-    if isinstance(value, str) and value[:1] in ("{", "["):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
+def world_size(cluster: ClusterSpec, serve: ServeSpec, stack_file: str) -> None:
+    """vLLM takes one GPU a rank: tensor x pipeline parallel must be every GPU of the cluster."""
+    world = serve.tensor_parallel * serve.pipeline_parallel
+    if world != cluster.total_gpus:
+        raise ConfigError(stack_file, f"{NAMESPACE}:serve.tensorParallel x pipelineParallel", world,
+                          f"{cluster.total_gpus} (the GPUs in cluster {cluster.name!r}: {len(cluster.nodes)} nodes"
+                          f" x {cluster.gpus_per_node})",
+                          f"is {serve.tensor_parallel} x {serve.pipeline_parallel} = {world}")

@@ -1,0 +1,62 @@
+"""Reads the stack's config and the catalogs it names, once, before any resource is registered.
+
+`load()` either returns a complete `Deployment` or raises one `ConfigError` naming the file, the key path, the
+value and what is accepted. The keys are checked by `validate.py`; this module reads the files. Only the secrets'
+values are taken from Pulumi again, by `__main__`, as secret outputs; `Deployment.secrets` says which ones are set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from . import validate, yaml_file
+from .schema import ConfigError, Section, did_you_mean
+from .spec import NAMESPACE, ClusterSpec, Deployment
+
+
+def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_dir: Path) -> Deployment:
+    """Validates the stack's config (`spark-vllm:*` keys, already JSON-decoded) and the catalogs it names."""
+    stack_file = f"Pulumi.{stack}.yaml"
+    keys = validate.stack_keys(config, secret_keys, stack_file)
+    catalog_dir = project_dir / Path(keys.catalog).expanduser()
+    clusters = _catalog_entry(catalog_dir, keys.catalog, "clusters.yaml", keys.cluster, stack_file, "cluster")
+    cluster = validate.cluster(clusters, keys.cluster)
+    preset = _catalog_entry(catalog_dir, keys.catalog, "models.yaml", keys.model, stack_file, "model")
+    serve = validate.serve(preset, keys.overrides, keys.model)
+    cluster = dataclasses.replace(cluster, executor=serve.executor)
+    validate.world_size(cluster, serve, stack_file)
+    return Deployment(stack=stack, cluster=cluster, serve=serve, cluster_ready_timeout_s=keys.cluster_ready_timeout_s,
+                      serve_ready_timeout_s=keys.serve_ready_timeout_s, secrets=keys.secrets,
+                      ssh_private_key=_read_key(cluster, clusters.file), preflight=keys.preflight)
+
+
+def _catalog_entry(folder: Path, folder_name: str, file: str, name: str, stack_file: str, what: str) -> Section:
+    """The entry `name` of a catalog file, read as `folder_name/file` in errors."""
+    shown = f"{folder_name}/{file}"
+    try:
+        text = (folder / file).read_text()
+    except OSError as e:
+        raise ConfigError(stack_file, f"{NAMESPACE}:catalog", folder_name, f"a folder holding {file}",
+                          f"is {folder_name!r}, where {file} cannot be read ({e.strerror})") from None
+    data = yaml_file.load(text, shown)
+    catalog = Section(data if data is not None else {}, shown, "")
+    if not catalog.has(name):
+        raise ConfigError(stack_file, f"{NAMESPACE}:{what}", name,
+                          f"a {what} defined in {shown}: " + (", ".join(sorted(map(str, catalog.data))) or "none"),
+                          f"is {name!r}" + did_you_mean(name, catalog.data))
+    return catalog.section(name)
+
+
+def _read_key(cluster: ClusterSpec, clusters_file: str) -> Optional[str]:
+    if cluster.ssh.key_file is None:
+        return None
+    path = Path(os.path.expanduser(cluster.ssh.key_file))
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise ConfigError(clusters_file, f"{cluster.name}.ssh.keyFile", cluster.ssh.key_file,
+                          "a readable SSH private key file (or leave it out to use the ssh agent)",
+                          f"is {cluster.ssh.key_file!r}, which cannot be read ({e.strerror})") from None
