@@ -101,10 +101,17 @@ class PortHolder:
 
 
 @dataclass(frozen=True)
+class StackContainer:
+    container: str
+    stack: str  # its spark-vllm stack label
+
+
+@dataclass(frozen=True)
 class Port:
     free: bool
     hidden: bool = False  # in use, but `ss` names its owner only to root
     holders: tuple[PortHolder, ...] = ()
+    running: tuple[StackContainer, ...] = ()  # when hidden: the spark-vllm containers running on the node
 
 
 @dataclass(frozen=True)
@@ -200,4 +207,6 @@ def _ports(value: Mapping[str, Any]) -> Ports:
     return Ports(by_port={int(port): Port(free=state["free"], hidden=state.get("hidden", False), holders=tuple(
         PortHolder(pid=holder["pid"], process=holder.get("process", ""), container=holder.get("container", ""),
                    stack=holder.get("stack", ""), exiting=holder.get("exiting", False))
-        for holder in state.get("holders", ()))) for port, state in value.items()})
+        for holder in state.get("holders", ())), running=tuple(
+        StackContainer(container=c["container"], stack=c["stack"]) for c in state.get("running", ())))
+        for port, state in value.items()})

@@ -412,9 +412,23 @@ def check_ports(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Fin
             reasons.append(f"{label} free")
             continue
         if state.hidden:
-            status = Status.FAIL if status is Status.FAIL else Status.WARN
-            reasons.append(f"could not check: {label} is in use, and ss shows its owner only to root")
-            fixes.append(f"see who holds it: `sudo ss -tlnp 'sport = :{port}'`")
+            # Not root: `docker ps` names the stacks running here, and one of them is taken to hold the port.
+            others = [c for c in state.running if c.stack != deployment.stack and c.container not in own_names]
+            mine = [c for c in state.running if c not in others]
+            if others:
+                status = Status.FAIL
+                stacks = sorted({c.stack for c in others})
+                named = f"stack {stacks[0]} runs" if len(stacks) == 1 else f"stacks {', '.join(stacks)} run"
+                reasons.append(f"{label} is in use while {named} here ({', '.join(c.container for c in others)}; "
+                               "ss names a port's owner only to root)")
+                fixes.append(f"destroy {'that stack' if len(stacks) == 1 else 'those stacks'} first ("
+                             + ", ".join(f"`pulumi destroy -s {stack}`" for stack in stacks) + f"), or change {key}")
+            elif mine:
+                reasons.append(f"{label} in use while this stack's {mine[0].container} runs")
+            else:
+                status = Status.FAIL if status is Status.FAIL else Status.WARN
+                reasons.append(f"could not check: {label} is in use, and ss shows its owner only to root")
+                fixes.append(f"see who holds it: `sudo ss -tlnp 'sport = :{port}'`")
             continue
         holders = [h for h in state.holders if not h.exiting]
         if not holders:

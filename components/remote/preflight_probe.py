@@ -229,7 +229,10 @@ def ports(spec):
         if port not in held:
             facts[str(port)] = {"free": True}
         elif not held[port]:
-            facts[str(port)] = {"free": False, "hidden": True}  # ss shows owners only to root and to the owner
+            # ss names a socket's owner only to root and to the owner; any user of the docker group can still
+            # name the stacks whose containers run here.
+            facts[str(port)] = {"free": False, "hidden": True, "running": sorted(
+                (c for c in containers.values() if c["stack"]), key=lambda c: c["container"])}
         else:
             facts[str(port)] = {"free": False, "holders": [{"pid": pid, "process": comm, **_owner(pid, containers)}
                                                            for pid, comm in sorted(held[port].items())]}

@@ -701,6 +701,44 @@ def test_a_port_whose_owner_is_hidden_could_not_be_checked(tmp_path):
                 "owner only to root", "see who holds it: `sudo ss -tlnp 'sport = :8000'`")
 
 
+def running(*containers):
+    return [{"container": name, "stack": stack} for name, stack in containers]
+
+
+def test_a_hidden_owner_while_another_stack_runs_fails_naming_that_stack(tmp_path):
+    # Not root: ss names no owner, but `docker ps` names the stack whose containers run on the head.
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["ports"]["8000"] = {"free": False, "hidden": True,
+                                        "running": running(("spark-vllm-gpt-oss-ray-head", "gpt-oss"))}
+    assert one(d, facts, "spark1", "ports") == (
+        "fail", "6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) is in use while stack gpt-oss runs here "
+                "(spark-vllm-gpt-oss-ray-head; ss names a port's owner only to root)",
+        "destroy that stack first (`pulumi destroy -s gpt-oss`), or change api.port")
+
+
+def test_a_hidden_owner_while_two_other_stacks_run_names_both(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark1"]["ports"]["6379"] = {"free": False, "hidden": True, "running": running(
+        ("spark-vllm-b-ray-head", "b"), ("spark-vllm-a-vllm-rank-spark1", "a"), ("spark-vllm-test-ray-head", "test"))}
+    assert one(d, facts, "spark1", "ports") == (
+        "fail", "6379 (Ray GCS) is in use while stacks a, b run here (spark-vllm-b-ray-head, "
+                "spark-vllm-a-vllm-rank-spark1; ss names a port's owner only to root); 8265 (dashboard) free; "
+                "8000 (API) free",
+        "destroy those stacks first (`pulumi destroy -s a`, `pulumi destroy -s b`), or change ray.port")
+
+
+def test_a_hidden_owner_while_only_this_stack_runs_passes(tmp_path):
+    # `up` again over this stack's own deployment, as a user who is not root.
+    d, facts = deployment(tmp_path), healthy()
+    for port in ("6379", "8265", "8000"):
+        facts["spark1"]["ports"][port] = {"free": False, "hidden": True,
+                                          "running": running(("spark-vllm-test-ray-head", "test"))}
+    assert one(d, facts, "spark1", "ports") == (
+        "ok", "6379 (Ray GCS) in use while this stack's spark-vllm-test-ray-head runs; 8265 (dashboard) in use while "
+              "this stack's spark-vllm-test-ray-head runs; 8000 (API) in use while this stack's "
+              "spark-vllm-test-ray-head runs", "")
+
+
 def test_ports_without_ss_could_not_be_checked(tmp_path):
     d, facts = deployment(tmp_path), healthy()
     facts["spark1"]["ports"] = {"unavailable": "`ss` is not installed"}
@@ -867,6 +905,22 @@ def test_the_probe_reports_a_missing_tool_as_unavailable():
     probe = load_probe()
     assert probe.gather("x", probe.sh, ["no-such-tool-here", "-L"], 5) == {"unavailable": "`no-such-tool-here` is "
                                                                                           "not installed"}
+
+
+def test_the_probe_names_the_stacks_running_where_ss_hides_a_ports_owner(monkeypatch):
+    # What `ss -tlnp` and `docker ps` print to a user of the docker group who is not root.
+    probe = load_probe()
+    answers = {
+        "ss": "LISTEN 0 2048 0.0.0.0:8000 0.0.0.0:*\nLISTEN 0 511 192.168.200.1:6379 0.0.0.0:*\n"
+              'LISTEN 0 128 0.0.0.0:22 0.0.0.0:* users:(("sshd",pid=7,fd=3))\n',
+        "docker": "f00d\tspark-vllm-b-ray-head\tb\nbeef\tregistry\t\nc0de\tspark-vllm-a-ray-head\ta\n"}
+    monkeypatch.setattr(probe, "sh", lambda argv, timeout: (0, answers[argv[0]], ""))
+    assert probe.ports({"ports": [8000, 6379, 8265], "stepTimeout": 5}) == {
+        "6379": {"free": False, "hidden": True, "running": [{"container": "spark-vllm-a-ray-head", "stack": "a"},
+                                                             {"container": "spark-vllm-b-ray-head", "stack": "b"}]},
+        "8000": {"free": False, "hidden": True, "running": [{"container": "spark-vllm-a-ray-head", "stack": "a"},
+                                                             {"container": "spark-vllm-b-ray-head", "stack": "b"}]},
+        "8265": {"free": True}}
 
 
 @pytest.mark.parametrize("script, facts", [
