@@ -18,10 +18,7 @@ _MERGE = "tag:yaml.org,2002:merge"
 def load(text: str, shown: str) -> Any:
     """The data of `text`; `shown` is the file's name as errors print it."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        if root is not None:
-            _refuse_repeats(root, "", shown, set())
-        return yaml.safe_load(text)
+        return _parse(text, shown)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         lines = text.splitlines()
@@ -30,6 +27,19 @@ def load(text: str, shown: str) -> Any:
         quoted = f" ({line.strip()!r})" if line.strip() else ""
         raise ConfigError(shown, where, line, "valid YAML",
                           f"{quoted} is not valid YAML: {getattr(e, 'problem', None) or e}") from None
+
+
+def _parse(text: str, shown: str) -> Any:
+    """Parsed once: the node tree is checked for repeats, then built into data, as yaml.safe_load builds it."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        _refuse_repeats(root, "", shown, set())
+        return loader.construct_document(root)
+    finally:
+        loader.dispose()
 
 
 def _refuse_repeats(node: yaml.Node, path: str, shown: str, seen: set[int]) -> None:
