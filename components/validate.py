@@ -14,7 +14,7 @@ from . import serve_flags
 from .schema import HIDDEN, ConfigError, Section, closest, did_you_mean
 from .spec import NAMESPACE, SECRET_KEYS, ClusterSpec, NodeSpec, PreflightSpec, ServeSpec, SshSpec
 
-# Environment variables that would carry those secrets in plain text, in the containers' create inputs.
+# Environment variables that would carry the secrets (SECRET_KEYS) in plain text, in the containers' create inputs.
 PLAIN_SECRET_ENV = {"VLLM_API_KEY": "apiKey", "HF_TOKEN": "hfToken", "HUGGING_FACE_HUB_TOKEN": "hfToken"}
 # Env vars the program pins to the fabric on every node; user extras may not override them.
 PINNED_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME",
