@@ -27,8 +27,16 @@ def markdown(r: dict) -> str:
          "seed full restart: " + _s(f["serve_change"]["seed_s"]), _x(f["serve_change"]["ratio"]), "≤ 0.3×"),
         ("3", "… containers restarted", _counts(f["serve_change"]["containers_restarted"]["spark_vllm"]),
          _counts(f["serve_change"]["containers_restarted"]["seed"]), "—", "0 vs all"),
+        ("3", "… with `executor: mp` → `/v1/models` answers", _s(f["mp"]["serve_change"]["spark_vllm_s"]),
+         "seed full restart (same repetition)", _x(f["mp"]["serve_change"]["ratio"]), "—"),
+        ("3", "… mp containers restarted", _counts(f["mp"]["serve_change"]["containers_restarted"]), "", "—",
+         "all (one torch.distributed group)"),
         ("4", "up from empty → `/v1/models` answers", _s(f["cold_start"]["spark_vllm_s"]),
          "seed cold start: " + _s(f["cold_start"]["seed_s"]), _x(f["cold_start"]["ratio"]), "≤ 1.2×"),
+        ("4", "… with `executor: mp` (no Ray) → `/v1/models` answers", _s(f["mp"]["cold_start"]["spark_vllm_s"]),
+         "seed cold start (same repetition)", _x(f["mp"]["cold_start"]["ratio"]), "≤ 1.0×"),
+        ("4", "… mp against Ray", "", "spark-vllm with Ray (same repetition)",
+         _x(f["mp"]["cold_start"]["vs_ray_ratio"]), "—"),
         ("4", "… seed's `sleep 5` too short", "— (waits for Ray)",
          f"{f['seed_sleep']['too_short']} of {f['seed_sleep']['runs']} runs; the worker registered "
          + _s(f["seed_sleep"]["worker_late_s"]) + " after serve was launched", "—", "—"),
@@ -38,16 +46,21 @@ def markdown(r: dict) -> str:
             ratio = s.get(key.replace("_s", "_ratio_vs_2"))
             rows.append(("5", f"N={n}: {label}", _s(s[key]), "vs N=2 in the same run" if ratio else "",
                          _x(ratio), "≤ +10 % a node" if ratio else ""))
+        mp = f["mp"]["scaling"][n]
+        rows.append(("5", f"N={n}: mp up from empty → `/v1/models`", _s(mp["up_s"]),
+                     "vs mp N=2 in the same run" if "up_ratio_vs_2" in mp else "", _x(mp.get("up_ratio_vs_2")),
+                     "≤ +10 % a node" if "up_ratio_vs_2" in mp else ""))
     out = [f"Lab benchmark, {r['date']}, {r['reps']} repetitions (median [min–max]); `{r['command']}`", "",
            "| # | figure | spark-vllm | baseline or floor | ratio | goal |", "|---|---|---|---|---|---|"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
     b = f["breakdown"]
-    for title, key in (("an up from empty", "steps"), ("a serve-only change", "serve_change_steps")):
+    for title, steps in (("an up from empty", b["steps"]), ("a serve-only change", b["serve_change_steps"]),
+                         ("an up from empty with `executor: mp`", f["mp"]["steps"])):
         out += ["", f"Where {title} (N=2) spends its time: engine steps from the event log, median of the"
                     " repetitions, seconds since `pulumi up` started:", "",
                 "| step | start | end | took |", "|---|---|---|---|"]
         out += [f"| {s['name']} ({s['op']}) | {s['start_s']:.2f} | {s['end_s']:.2f} | {s['end_s'] - s['start_s']:.2f} |"
-                for s in b[key]]
+                for s in steps]
     out += ["", "Up from empty by cluster size: engine steps (median, seconds)", "",
             "| N | first step at | containers created by | cluster-ready gate | serve-ready gate | whole up |",
             "|---|---|---|---|---|---|"]

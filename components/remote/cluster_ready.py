@@ -1,15 +1,22 @@
 """Waits until Ray reports exactly the expected nodes, by fabric IP, with the expected GPUs.
 
 Runs inside the Ray head container (`python3 - ARGS`, this file on stdin) and uses Ray's own view of the
-cluster. Exit 0 when ready; exit 1 at the deadline with `ray status`, the missing and the unexpected IPs.
+cluster. First, at once: the head's address must be on the fabric interface (the container shares the node's
+network), else no worker can join and that is the cause. Exit 0 when ready; exit 1 at the deadline with
+`ray status`, the missing and the unexpected IPs.
 """
 
 import argparse
+import array
+import fcntl
 import logging
 import socket
+import struct
 import subprocess
 import sys
 import time
+
+SIOCGIFCONF, IFREQ_SIZE = 0x8912, 40  # every IPv4 address with its interface; struct ifreq on 64-bit Linux
 
 
 def parse_pairs(values):
@@ -49,6 +56,33 @@ def diagnose(alive, expected, management, gpus_expected, interface, unreachable=
     return not problems, problems
 
 
+def interface_addresses(interface):
+    """This host's IPv4 addresses on `interface`, or None when it has no such interface."""
+    if interface not in {name for _, name in socket.if_nameindex()}:
+        return None
+    buf = array.array("B", bytes(IFREQ_SIZE * 512))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        length = struct.unpack("iL", fcntl.ioctl(s.fileno(), SIOCGIFCONF,
+                                                 struct.pack("iL", len(buf), buf.buffer_info()[0])))[0]
+    data = buf.tobytes()[:length]
+    # An entry is the address's label (the interface, or "iface:alias"), then a sockaddr_in.
+    return [socket.inet_ntoa(data[i + 20:i + 24]) for i in range(0, length, IFREQ_SIZE)
+            if data[i:i + 16].split(b"\0", 1)[0].decode().split(":", 1)[0] == interface]
+
+
+def head_problem(head, address, interface, addresses):
+    """Why no worker can join a head advertised at `address`, given the head's `addresses` on the fabric `interface`
+    (None: no such interface); None when it is one of them."""
+    if addresses is None:
+        return f"the head {head} has no interface {interface}: Ray's nodes meet over the fabric; fix fabricInterface"
+    if address in addresses:
+        return None
+    have = ", ".join(addresses) or "no IPv4 address"
+    return (f"the head {head}'s fabricIp {address} is not an address of {interface} on {head} ({interface} has "
+            f"{have}): Ray's GCS is advertised there, so the workers cannot join over the fabric; set {head}'s "
+            f"fabricIp to its address on {interface}")
+
+
 def wait_for_port(host, port, deadline):
     while time.monotonic() < deadline:
         try:
@@ -85,6 +119,11 @@ def main():
     expected, management = parse_pairs(a.expect), parse_pairs(a.management)
     deadline = time.monotonic() + a.timeout
     host, port = a.address.rsplit(":", 1)
+    head = next((name for name, ip in expected.items() if ip == host), None)
+    problem = head and head_problem(head, host, a.interface, interface_addresses(a.interface))
+    if problem:
+        print(f"cluster not ready: {problem}", file=sys.stderr, flush=True)
+        return 1
     print(f"waiting up to {a.timeout:.0f}s for {len(expected)} Ray nodes ({', '.join(expected.values())}) "
           f"with {a.gpus} GPUs", flush=True)
     problems = [f"Ray's GCS at {a.address} does not accept connections"]

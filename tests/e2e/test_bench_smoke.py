@@ -1,4 +1,5 @@
-"""Keeps bench/run working: one repetition at N=2 (CI's setting). It checks the report's shape, never a timing."""
+"""Keeps bench/run working: one repetition at N=2 (CI's setting), with Ray and with `executor: mp`. It checks the
+report's shape, never a timing."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import subprocess
 
 from conftest import ROOT
 
-FIGURES = {"noop_preview", "noop_up", "serve_change", "cold_start", "seed_sleep", "scaling", "breakdown"}
+FIGURES = {"noop_preview", "noop_up", "serve_change", "cold_start", "seed_sleep", "scaling", "breakdown", "mp"}
 STAT = {"median", "min", "max", "samples"}
 
 
@@ -25,12 +26,19 @@ def test_bench_quick_prints_the_table_and_writes_json(lab2, tmp_path):
     assert set(f) == FIGURES
     for stat in (f["noop_preview"]["spark_vllm_s"], f["noop_preview"]["empty_program_s"], f["noop_preview"]["ratio"],
                  f["noop_up"]["spark_vllm_s"], f["serve_change"]["ratio"], f["cold_start"]["ratio"],
-                 f["scaling"]["2"]["up_s"], f["breakdown"]["floors"]["ray_join_s"]):
+                 f["scaling"]["2"]["up_s"], f["breakdown"]["floors"]["ray_join_s"],
+                 f["mp"]["cold_start"]["ratio"], f["mp"]["cold_start"]["vs_ray_ratio"],
+                 f["mp"]["serve_change"]["ratio"], f["mp"]["scaling"]["2"]["up_s"]):
         assert set(stat) == STAT and len(stat["samples"]) >= 1
     # What the figures stand for, not how fast: spark-vllm restarts no container on a serve-only change, the
     # seed restarts all of them, and the seed deployed exactly what spark-vllm deploys.
     assert f["serve_change"]["containers_restarted"] == {"spark_vllm": [0], "seed": [2]}
+    assert f["mp"]["serve_change"]["containers_restarted"] == [2]  # every rank: one torch.distributed group
+    assert "… with `executor: mp` (no Ray) → `/v1/models` answers" in done.stdout
     assert result["parity"] == "identical"
     assert f["seed_sleep"]["runs"] == 2 and 0 <= f["seed_sleep"]["too_short"] <= 2
     steps = {s["name"] for s in f["breakdown"]["steps"]}
     assert {"ray-head-container", "cluster-ready-gate", "vllm-serve-process", "serve-ready-gate"} <= steps
+    mp_steps = {s["name"] for s in f["mp"]["steps"]}
+    assert {"vllm-rank-node1-container", "vllm-rank-node2-container", "ranks-ready-node2-gate",
+            "serve-ready-gate"} <= mp_steps

@@ -186,6 +186,24 @@ def test_wrong_fabric_ip_fails_the_cluster_gate_quickly_and_names_it(stack):
     assert_serving(stack)
 
 
+def test_head_on_its_management_ip_fails_the_cluster_gate_at_once_naming_the_head(stack):
+    """The seed's failure for Ray: the head's fabricIp is its management address, which node2 cannot reach. The
+    cause is the head, named before the gate's bound (60 s in the lab) is spent waiting for node2."""
+    preflight_off(stack)
+    stack.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][0].update(fabricIp="172.29.87.11"))
+    run = stack.up(check=False)
+    print(f"head on its management IP: failed after {run.seconds:.1f}s")
+    assert run.returncode != 0 and run.seconds < 60, run.output
+    assert ("the head node1's fabricIp 172.29.87.11 is not an address of enp1s0f1np1 on node1 (enp1s0f1np1 has "
+            "10.87.200.11): Ray's GCS is advertised there, so the workers cannot join over the fabric; set node1's "
+            "fabricIp to its address on enp1s0f1np1") in run.output, run.output
+    assert "node2 (10.87.200.12) has not joined" not in run.output
+    stack.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][0].update(fabricIp="10.87.200.11"))
+    preflight_on(stack)
+    stack.up()
+    assert_serving(stack)
+
+
 def test_destroy_leaves_nothing_on_any_node(stack):
     stack.pulumi("destroy", check=True)
     for node in (1, 2):

@@ -5,24 +5,36 @@ the master's address over the lab's fabric. The scenarios run in order on one st
 
 from __future__ import annotations
 
+import json
+import re
+import socket
+import subprocess
 import time
 
 import openai
 import pytest
 
 from conftest import node_sh
-from labstack import LabStack, chat, planned
+from labstack import LabStack, chat, planned, steps
+from test_status import status
 
 RANK0, RANK1 = "spark-vllm-mp-vllm-rank0", "spark-vllm-mp-vllm-rank1"
 RANKS = {"vllm-rank-node1-container", "vllm-rank-node2-container"}
 GATES = {"ranks-ready-node1-gate", "ranks-ready-node2-gate", "serve-ready-gate"}
+ALL_RANKS = {name: "replace" for name in RANKS | GATES}
+IMAGE, NEW_IMAGE = "spark-vllm-lab/vllm-mp:double1", "spark-vllm-lab/vllm-mp:e2e-new"
+MODEL = "/models/mp-tiny"  # the weights-sync scenario's own copy of the lab's model
 
 
 @pytest.fixture(scope="module")
 def mp(lab2, tmp_path_factory):
     s = LabStack(tmp_path_factory.mktemp("e2e-mp"), "mp", "lab-mp", lab2)
-    yield s
-    s.pulumi("destroy", timeout=600)
+    try:
+        yield s
+    finally:
+        s.pulumi("destroy", timeout=600)
+        for node in (1, 2):
+            node_sh(node, f"rm -rf {MODEL}; docker rmi {NEW_IMAGE} >/dev/null 2>&1 || true", check=False)
 
 
 def containers(node: int, stack: str = "mp") -> list[str]:
@@ -52,6 +64,35 @@ def test_the_openai_client_streams(mp):
     chunks = list(client.chat.completions.create(model=out["servedModel"], stream=True,
                                                  messages=[{"role": "user", "content": "stream me"}]))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "[lab-tiny] stream me"
+
+
+def test_status_shows_every_rank_and_the_serve(mp):
+    done = status(mp)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for layer in ("ssh node1", "ssh node2 via node1", "fabric guard node1", "fabric guard node2", f"container {RANK0}",
+                  f"container {RANK1}", "rank node1 reaches the master", "rank node2 reaches the master", "/health",
+                  "/v1/models", "one chat completion"):
+        assert re.search(rf"{re.escape(layer)}\s+ok ", done.stdout), done.stdout
+    assert "ray nodes" not in done.stdout and "vllm serve process" not in done.stdout
+
+
+def test_a_dead_rank_is_found_by_status_and_repaired_by_its_command(mp):
+    """A rank that dies takes rank 0 with it (vLLM's head exits when a rank is lost); status names both, and the
+    command it prints starts them again."""
+    node_sh(2, f"docker kill {RANK1}")
+    deadline = time.monotonic() + 60
+    while containers(1) != [RANK0, "exited"]:
+        assert time.monotonic() < deadline, containers(1)
+        time.sleep(1)
+    done = status(mp)
+    assert done.returncode == 1
+    assert re.search(rf"container {RANK1}\s+FAIL  exited", done.stdout), done.stdout
+    assert re.search(rf"container {RANK0}\s+FAIL  exited", done.stdout), done.stdout
+    assert re.search(r"rank node2 reaches the master\s+FAIL  the rank on node2 .* exited", done.stdout), done.stdout
+    assert "`pulumi up --refresh` rebuilds what is missing" in done.stdout
+    mp.up("--refresh")
+    done = status(mp)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_ranks_listen_only_where_the_guard_covers(mp):
@@ -88,6 +129,77 @@ def test_serve_only_change_restarts_every_rank_together(mp):
     chat(out["baseUrl"], out["servedModel"])
 
 
+def test_node2_is_reached_only_through_node1(mp):
+    """This machine (the workstation) has no route to node2's fabric address: node2's rank was deployed, and its
+    gate run, through node1 as jump host."""
+    for port in (22, 29501):
+        with pytest.raises(OSError):
+            socket.create_connection(("10.87.200.12", port), timeout=3)
+    resources = mp.export()["deployment"]["resources"]
+    provider = next(r for r in resources if r["urn"].endswith("::node2-docker"))
+    proxy = [o for o in json.loads(provider["inputs"]["sshOpts"]) if o.startswith("ProxyCommand=")]
+    assert proxy and "root@172.29.87.11" in proxy[0] and provider["inputs"]["host"] == "ssh://root@10.87.200.12"
+    rank = next(r for r in resources if r["urn"].endswith("::vllm-rank-node2-container"))
+    assert rank["provider"].startswith(provider["urn"] + "::")
+    gate = next(r for r in resources if r["urn"].endswith("::ranks-ready-node2-gate"))["inputs"]["connection"]
+    gate = json.loads(gate["plaintext"]) if "plaintext" in gate else gate  # a secret: it holds the SSH key
+    assert gate["host"] == "10.87.200.12" and gate["proxy"]["host"] == "172.29.87.11", gate
+
+
+def test_worker_env_change_restarts_every_rank_together_and_nothing_else(mp):
+    before = mp.outputs()["containerIds"]
+    mp.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][1].update(env={"NCCL_DEBUG": "INFO"}))
+    assert planned(mp.pulumi("preview", check=True)) == ALL_RANKS
+    up = mp.up()
+    assert {name for op, name in steps(up) if op not in ("same", "read")} == RANKS | GATES, steps(up)
+    after = mp.outputs()["containerIds"]
+    assert all(after[n] != before[n] for n in before)
+    assert "NCCL_DEBUG=INFO" in node_sh(2, f"docker inspect -f '{{{{json .Config.Env}}}}' {RANK1}")
+    assert "NCCL_DEBUG" not in node_sh(1, f"docker inspect -f '{{{{json .Config.Env}}}}' {RANK0}")
+    chat(mp.outputs()["baseUrl"], "lab-tiny")
+
+
+def test_image_change_restarts_every_rank_on_the_new_image(mp):
+    """A new build under a new tag, the same on both nodes (preflight checks that), as an operator ships one."""
+    node_sh(1, f"printf 'FROM {IMAGE}\\nLABEL spark-vllm.test=mp-image\\n' | docker build -q -t {NEW_IMAGE} -")
+    subprocess.run(f"docker exec svl-lab-node1 docker save {NEW_IMAGE} | docker exec -i svl-lab-node2 docker load",
+                   shell=True, check=True, capture_output=True, timeout=300)
+    new_id = node_sh(1, f"docker image inspect -f '{{{{.Id}}}}' {NEW_IMAGE}").strip()
+    before = mp.outputs()["containerIds"]
+    mp.set_config("serve.image", NEW_IMAGE)
+    assert planned(mp.pulumi("preview", check=True)) == {**ALL_RANKS, "node1-image": "replace",
+                                                         "node2-image": "replace"}
+    mp.up()
+    after = mp.outputs()["containerIds"]
+    assert all(after[n] != before[n] for n in before)
+    for node, rank in ((1, RANK0), (2, RANK1)):
+        assert node_sh(node, f"docker inspect -f '{{{{.Image}}}}' {rank}").strip() == new_id
+    chat(mp.outputs()["baseUrl"], "lab-tiny")
+    mp.up("--expect-no-changes")
+
+
+def test_the_weights_sync_restarts_only_on_its_own_inputs(mp):
+    """With preflight.syncWeights: node2's lost shard is copied again from node1, and no rank restarts."""
+    for node in (1, 2):
+        node_sh(node, f"rm -rf {MODEL} && cp -a /models/lab-tiny {MODEL}")
+    mp.set_config("serve.path", MODEL)
+    mp.pulumi("config", "set", "--path", "--type", "bool", "spark-vllm:preflight.syncWeights", "true", check=True)
+    mp.up()
+    before = mp.outputs()
+    node_sh(2, f"rm {MODEL}/model-00003-of-00004.safetensors")
+    assert planned(mp.pulumi("preview", check=True)) == {"weights-sync-node2": "replace"}
+    up = mp.up()
+    assert "spark-vllm: synced 1 file, 4.0 MiB, from node1 to node2" in up.output, up.output
+    assert mp.outputs() == before
+    assert node_sh(2, f"ls {MODEL}").split() == node_sh(1, f"ls {MODEL}").split()
+    mp.up("--expect-no-changes")
+    mp.pulumi("config", "rm", "--path", "spark-vllm:preflight.syncWeights", check=True)
+    assert planned(mp.pulumi("preview", check=True)) == {"weights-sync": "delete", "weights-sync-node2": "delete"}
+    mp.up()
+    assert mp.outputs() == before
+    chat(before["baseUrl"], "lab-tiny")
+
+
 def test_master_on_the_management_ip_fails_bounded_and_named(mp):
     """The seed's c10d failure: the head's fabricIp set to its management address, preflight off."""
     mp.set_config("preflight.enabled", "false")
@@ -107,6 +219,26 @@ def test_master_on_the_management_ip_fails_bounded_and_named(mp):
     mp.up()
     out = mp.outputs()
     chat(out["baseUrl"], out["servedModel"])
+
+
+def test_a_master_port_change_moves_the_guard_then_every_rank(mp):
+    """The guard restarts only on its own inputs: the master port is one (Ray's ports are not, for mp)."""
+    mp.edit_catalog("clusters.yaml", lambda c: c["lab"].update(mp={"masterPort": 29502}))
+    guards = {"fabric-guard-node1-rules": "replace", "fabric-guard-node2-rules": "replace"}
+    assert planned(mp.pulumi("preview", check=True)) == {**ALL_RANKS, **guards}
+    up = mp.up()
+    assert "the rank on node2 reaches the master at 10.87.200.11:29502" in up.output, up.output
+    order = [name for op, name in steps(up) if op in ("create-replacement", "create")]
+    assert order.index("fabric-guard-node1-rules") < order.index("vllm-rank-node1-container"), order
+    assert "0.0.0.0:29502" in node_sh(1, "ss -ltnH")
+    rules = node_sh(1, "iptables -S | grep -- '-A svl-mp-'")
+    assert "--dport 29502" in rules and "--dport 29501" not in rules, rules
+    mp.edit_catalog("clusters.yaml", lambda c: c["lab"]["mp"].update(masterPort=29501))
+    assert planned(mp.pulumi("preview", check=True)) == {**ALL_RANKS, **guards}
+    mp.up()
+    chat(mp.outputs()["baseUrl"], "lab-tiny")
+    mp.edit_catalog("clusters.yaml", lambda c: c["lab"].update(ray={"port": 6390}))
+    assert planned(mp.pulumi("preview", check=True)) == {}
 
 
 def test_ray_with_the_rayless_image_is_refused_by_preflight(mp):

@@ -1,17 +1,31 @@
-"""A three-node lab (TP=3): the same program deploys and serves with one more worker behind the jump host."""
+"""A three-node lab (TP=3): the same program deploys and serves with one more worker behind the jump host, with
+Ray and with vLLM's own executor (`mp`), one stack after the other."""
 
 from __future__ import annotations
 
 import pytest
 
-from conftest import lab
+from conftest import lab, node_sh
 from labstack import LabStack, chat
 
 
 @pytest.fixture(scope="module")
-def stack3(engine_env, tmp_path_factory):
+def lab3(engine_env):
     lab("up", "--nodes", "3")
-    s = LabStack(tmp_path_factory.mktemp("e2e3"), "e2e3", "lab3", engine_env)
+    return engine_env
+
+
+@pytest.fixture(scope="module")
+def stack3(lab3, tmp_path_factory):
+    s = LabStack(tmp_path_factory.mktemp("e2e3"), "e2e3", "lab3", lab3)
+    yield s
+    s.pulumi("destroy", timeout=600)
+
+
+@pytest.fixture(scope="module")
+def mp3(lab3, tmp_path_factory):
+    s = LabStack(tmp_path_factory.mktemp("mp3"), "mp3", "lab3", lab3)
+    s.set_config("model", "lab-tiny-mp")
     yield s
     s.pulumi("destroy", timeout=600)
 
@@ -24,3 +38,22 @@ def test_three_nodes_deploy_and_serve(stack3):
     assert set(out["containerIds"]) == {"node1", "node2", "node3"}
     assert chat(out["baseUrl"], out["servedModel"])["choices"][0]["message"]["content"]
     stack3.pulumi("destroy", check=True)
+
+
+def test_three_nodes_deploy_and_serve_with_mp(mp3):
+    run = mp3.up()
+    for node in ("node2", "node3"):
+        assert f"the rank on {node} reaches the master at 10.87.200.11:29501" in run.output, run.output
+    out = mp3.outputs()
+    assert set(out["containerIds"]) == {"node1", "node2", "node3"}
+    assert chat(out["baseUrl"], out["servedModel"])["choices"][0]["message"]["content"] == "[lab-tiny] ping"
+    for node in (1, 2, 3):
+        rank = f"spark-vllm-mp3-vllm-rank{node - 1}"
+        argv = node_sh(node, f"docker inspect -f '{{{{json .Args}}}}' {rank}")
+        assert '"--tensor-parallel-size","3"' in argv and '"--nnodes","3"' in argv, argv
+        assert f'"--node-rank","{node - 1}"' in argv and ('"--headless"' in argv) == (node > 1), argv
+        assert node_sh(node, f"docker inspect -f '{{{{.State.Status}}}}' {rank}").strip() == "running"
+    # Each rank loaded its own share of the shards (the double splits them by rank), and rank 2 is node3's.
+    assert "Loading weights took" in node_sh(3, "docker logs spark-vllm-mp3-vllm-rank2 2>&1")
+    mp3.pulumi("destroy", check=True)
+    assert node_sh(3, "docker ps -aq --filter label=spark-vllm.stack=mp3").strip() == ""

@@ -54,6 +54,23 @@ def test_cluster_ready_names_an_unexpected_node_and_gpu_shortfall():
     assert problems == ["Ray sees 1 GPUs, expected 2: check --num-gpus and the GPU runtime"]
 
 
+def test_cluster_ready_names_a_head_whose_address_is_not_on_the_fabric():
+    """The seed's case for Ray: the head's fabricIp set to its management address. The cause is the head."""
+    assert cluster_ready.head_problem("spark1", "10.10.10.11", "enp1s0f1np1", ["192.168.200.1"]) == (
+        "the head spark1's fabricIp 10.10.10.11 is not an address of enp1s0f1np1 on spark1 (enp1s0f1np1 has "
+        "192.168.200.1): Ray's GCS is advertised there, so the workers cannot join over the fabric; set spark1's "
+        "fabricIp to its address on enp1s0f1np1")
+    assert "(enp1s0f1np1 has no IPv4 address)" in cluster_ready.head_problem("spark1", "10.10.10.11", "enp1s0f1np1", [])
+    assert cluster_ready.head_problem("spark1", "10.10.10.11", "eth9", None) == (
+        "the head spark1 has no interface eth9: Ray's nodes meet over the fabric; fix fabricInterface")
+    assert cluster_ready.head_problem("spark1", "192.168.200.1", "eth9", ["10.0.0.1", "192.168.200.1"]) is None
+
+
+def test_cluster_ready_reads_an_interfaces_addresses_from_the_kernel():
+    assert "127.0.0.1" in cluster_ready.interface_addresses("lo")
+    assert cluster_ready.interface_addresses("no-such-if0") is None
+
+
 def test_shard_progress_parses_vllms_tqdm_line():
     line = "Loading safetensors checkpoint shards:  44% Completed | 17/39 [05:06<06:36, 18.01s/it]"
     assert shard_progress(line) == (17, 39)
