@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from . import serve_flags, yaml_file
+from . import serve_flags, watchdog_config, yaml_file
 from .schema import HIDDEN, ConfigError, Section, closest, did_you_mean
+from .watchdog_config import WatchdogSpec
 
 NAMESPACE = "spark-vllm"
 SECRET_KEYS = ("apiKey", "hfToken")
@@ -74,6 +75,7 @@ class ClusterSpec:
     gpu_probe: Optional[str] = None  # a stand-in for `nvidia-smi -L` where a node has no GPU (the lab)
     master_port: int = 29501  # mp: rank 0's rendezvous port (torch.distributed's store), on the head
     executor: str = "ray"  # the deployment's `serve.executor`: which ports the nodes open depends on it
+    watchdog_port: Optional[int] = None  # the head keeper's port (`watchdog.port`), when the watchdog is on
 
     @property
     def head(self) -> NodeSpec:
@@ -93,21 +95,32 @@ class ClusterSpec:
     @property
     def head_ports(self) -> dict[int, tuple[str, str]]:
         """The fixed ports the head opens, with what holds them and their config key."""
+        keeper = {self.watchdog_port: ("watchdog", "watchdog.port")} if self.watchdog_port else {}
         if self.executor == "mp":
-            return {self.master_port: ("mp master", "mp.masterPort"), self.api_port: ("API", "api.port")}
+            return {self.master_port: ("mp master", "mp.masterPort"), self.api_port: ("API", "api.port"), **keeper}
         return {self.ray_port: ("Ray GCS", "ray.port"), self.dashboard_port: ("dashboard", "ray.dashboardPort"),
-                self.api_port: ("API", "api.port")}
+                self.api_port: ("API", "api.port"), **keeper}
 
     @property
     def guarded_ports(self) -> list[str]:
         """Every TCP port Ray listens on, as iptables --dport values ("6379", "10002:19999"); "ephemeral" is the
         node's own ip_local_port_range, where the raylet's random ports are. With mp: the master port, and the
-        ephemeral range where each rank's NCCL, gloo and message-queue ports are."""
+        ephemeral range where each rank's NCCL, gloo and message-queue ports are. The watchdog's port too: its
+        keepers speak only over the fabric."""
+        keeper = [str(self.watchdog_port)] if self.watchdog_port else []
         if self.executor == "mp":
-            return [str(self.master_port), "ephemeral"]
+            return [str(self.master_port), *keeper, "ephemeral"]
         low, high = self.worker_ports
         fixed = (self.ray_port, self.dashboard_port, *self.ray_ports.values(), *self.ray_port_env.values())
-        return [str(p) for p in fixed] + [f"{low}:{high}", "ephemeral"]
+        return [str(p) for p in fixed] + keeper + [f"{low}:{high}", "ephemeral"]
+
+    @property
+    def fixed_ports(self) -> dict[int, str]:
+        """Every fixed port the nodes open, by config key."""
+        return {self.ray_port: "ray.port", self.dashboard_port: "ray.dashboardPort",
+                **{port: f"ray.{RAY_PORTS[flag][0]}" for flag, port in self.ray_ports.items()},
+                **{port: f"ray.{RAY_PORT_ENV[var][0]}" for var, port in self.ray_port_env.items()},
+                self.master_port: "mp.masterPort", self.api_port: "api.port"}
 
 
 @dataclass(frozen=True)
@@ -147,6 +160,7 @@ class Deployment:
     secrets: tuple[str, ...]  # which of SECRET_KEYS are set (values are read as Pulumi secrets)
     ssh_private_key: Optional[str]  # contents of the key file; the program wraps it as a secret
     preflight: PreflightSpec
+    watchdog: WatchdogSpec = WatchdogSpec()
 
 
 # What RDMA and NCCL need (the anchors' `--ulimit` flags); a host that cannot grant them sets lower ones.
@@ -195,6 +209,8 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
         raise checks.error("syncWeights", True, "false while preflight.enabled is false",
                            "is true, but the sync acts on what preflight finds, and preflight is off")
     checks.done()
+    watch = top.section("watchdog")
+    watchdog = watchdog_config.parse(watch, serve_ready_s)
     secrets = [key for key in SECRET_KEYS if _secret(top, key, secret_keys)]
     _refuse_flat_paths(top)
     top.done()
@@ -203,7 +219,10 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
     cluster = _cluster(clusters, cluster_name)
     preset = _catalog_entry(catalog_dir, catalog_name, "models.yaml", model_name, stack_file, "model")
     serve = _serve(preset, overrides, model_name)
-    cluster = dataclasses.replace(cluster, executor=serve.executor)
+    if watchdog.enabled:
+        watchdog_config.check_port(watch, watchdog.port, cluster.fixed_ports, cluster.worker_ports)
+    cluster = dataclasses.replace(cluster, executor=serve.executor,
+                                  watchdog_port=watchdog.port if watchdog.enabled else None)
 
     world = serve.tensor_parallel * serve.pipeline_parallel
     if world != cluster.total_gpus:
@@ -213,7 +232,7 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
                           f"is {serve.tensor_parallel} x {serve.pipeline_parallel} = {world}")
     return Deployment(stack=stack, cluster=cluster, serve=serve, cluster_ready_timeout_s=cluster_ready_s,
                       serve_ready_timeout_s=serve_ready_s, secrets=tuple(secrets),
-                      ssh_private_key=_read_key(cluster, clusters.file), preflight=preflight)
+                      ssh_private_key=_read_key(cluster, clusters.file), preflight=preflight, watchdog=watchdog)
 
 
 def _refuse_near_namespaces(config: Mapping[str, Any], stack_file: str) -> None:

@@ -82,7 +82,7 @@ def test_each_nodes_guard_goes_in_before_its_ray_container(rec, tmp_path):
         assert guard.urn in rec.by_name(container).dependencies
         assert guard.inputs["connection"]["value"]["host"] == host
         create = guard.inputs["create"]
-        ports = "6379 8265 6380 6381 6382 52365 10001 44217 44227 10002:19999 ephemeral"
+        ports = "6379 8265 6380 6381 6382 52365 10001 44217 44227 29511 10002:19999 ephemeral"
         assert create.startswith(f"if ! sudo -n true 2>/dev/null; then printf '%s\\n' 'fabric guard on {node}: nvidia "
                                  "cannot")
         assert create.endswith(f"fabric-guard apply {chain} enp1s0f1np1 'spark-vllm stack test' {ports}")

@@ -109,7 +109,7 @@ def test_gates_run_on_the_nodes_bounded(rec):
 
 def test_the_guard_covers_the_master_port_and_the_ranks_random_ports(rec):
     create = rec.by_name("fabric-guard-spark2-rules").inputs["create"]
-    assert create.endswith("enp1s0f1np1 'spark-vllm stack test' 29501 ephemeral"), create
+    assert create.endswith("enp1s0f1np1 'spark-vllm stack test' 29501 29511 ephemeral"), create
 
 
 def test_secrets_only_in_rank0_and_never_plain(rec):
