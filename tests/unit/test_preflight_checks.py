@@ -66,7 +66,8 @@ def healthy() -> dict:
             "memory": {"totalKib": 128 * 1024 * 1024},
             "guard": {"hooked": ["svl-test-0f042094"]},
         }
-    facts["spark1"]["ports"] = {"6379": {"free": True}, "8265": {"free": True}, "8000": {"free": True}, "29511": {"free": True}}
+    facts["spark1"]["ports"] = {"6379": {"free": True}, "8265": {"free": True}, "8000": {"free": True},
+                                "29511": {"free": True}}
     return facts
 
 
@@ -102,7 +103,8 @@ def test_a_healthy_cluster_passes_every_check_on_every_node(tmp_path):
     assert table[("spark3", "weights")].reason == ("3 weight files, 18.0 GiB, the same names and sizes as spark1 "
                                                    "(contents not hashed: spark-vllm:preflight.hashWeights is off)")
     assert table[("spark2", "memory")].reason == (f"needs about 10.7 GiB ({NEED}) of 108.8 GiB (0.85 x 128.0 GiB)")
-    assert table[("spark1", "ports")].reason == "6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; 29511 (watchdog) free"
+    assert table[("spark1", "ports")].reason == ("6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; "
+                                                 "29511 (watchdog) free")
 
 
 def test_the_ssh_row_names_the_slowest_step_of_the_probe(tmp_path):
@@ -755,7 +757,8 @@ def test_the_table_lists_every_finding_with_its_fix(tmp_path):
     lines = render(evaluate(d, typed(facts))).splitlines()
     assert lines[0].split() == ["node", "check", "result"]
     assert "spark2  weights       FAIL    spark2 lacks model-00003-of-00003.safetensors. Fix: " + RSYNC in lines
-    assert "spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; 29511 (watchdog) free" in lines
+    assert ("spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; "
+            "29511 (watchdog) free") in lines
     assert len(lines) == 1 + 3 * 9 + 1
 
 

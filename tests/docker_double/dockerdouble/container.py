@@ -30,6 +30,7 @@ TABLE = {
                 required_fields=frozenset({"label", "value"})),
     "networkMode": P(),
     "ipcMode": P(computed=True),
+    "pidMode": P(),
     "shmSize": P(computed=True),
     "gpus": P(),
     "devices": P(is_set=True, fields=frozenset({"hostPath", "containerPath", "permissions"}),
@@ -122,6 +123,8 @@ def create_body(p: dict) -> dict:
         host["NetworkMode"] = p["networkMode"]
     if "ipcMode" in p:
         host["IpcMode"] = p["ipcMode"]
+    if "pidMode" in p:
+        host["PidMode"] = p["pidMode"]
     if "shmSize" in p:
         host["ShmSize"] = p["shmSize"] * 1024 * 1024
     if "gpus" in p:
