@@ -36,8 +36,9 @@ def env_of(reg) -> dict[str, str]:
 
 def test_one_provider_image_and_container_per_node(rec):
     assert rec.names("pulumi:providers:docker") == {"spark1-docker", "spark2-docker", "spark3-docker"}
-    assert rec.names(CONTAINER) == {"ray-head-container", "ray-worker-spark2-container", "ray-worker-spark3-container"}
-    assert rec.names(COMMAND) == {"cluster-ready-gate", "vllm-serve-process", "serve-ready-gate",
+    assert rec.names(CONTAINER) == {"ray-head-container", "ray-worker-spark2-container", "ray-worker-spark3-container",
+                                    *(f"watchdog-keeper-{n}" for n in ("spark1", "spark2", "spark3"))}
+    assert rec.names(COMMAND) == {"cluster-ready-gate", "vllm-serve-process", "serve-ready-gate", "watchdog-arm",
                                   *(f"fabric-guard-{n}-rules" for n in ("spark1", "spark2", "spark3"))}
     for node in ("spark1", "spark2", "spark3"):
         provider = rec.by_name(f"{node}-docker")
