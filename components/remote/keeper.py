@@ -391,6 +391,8 @@ class Leader(Keeper):
             self.relaunch(f"the relaunch did not serve within {self.w['loadTimeout']} s")
 
     def run(self):
+        while not self.guard():  # the guard before any port of this deployment opens, the leader's own included
+            time.sleep(TICK_S)
         self.serve_followers()
         next_probe = 0.0
         while True:

@@ -9,13 +9,14 @@ timings are the recovery times docs/watchdog.md reports.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 
 import pytest
 
 from conftest import node_sh
-from labstack import LabStack, chat, planned
+from labstack import ROOT, LabStack, chat, planned
 from test_faults import wait_for_ssh
 
 # Short, for the lab: a wedge is found within FAILURES x (INTERVAL + PROBE_TIMEOUT).
@@ -92,6 +93,12 @@ def is_vllm(args: str) -> bool:
     return any(part.endswith("/vllm") or part == "vllm" for part in parts[:2]) and "serve" in parts[1:3]
 
 
+def status(s: LabStack) -> str:
+    done = subprocess.run([str(ROOT / "scripts" / "status"), "--stack", s.stack], cwd=s.dir, env=s.env,
+                          capture_output=True, text=True, timeout=180)
+    return done.stdout + done.stderr
+
+
 def logs(s: LabStack) -> str:
     return node_sh(1, f"docker logs --tail 30 {keeper(s)} 2>&1", check=False)
 
@@ -151,6 +158,10 @@ def test_a_wedged_engine_is_found_by_the_probe_and_relaunched(wd):
     print(f"{wd.executor}: a wedged engine (SIGSTOP), serving again after {took:.1f}s")
     assert "probes failed in a row" in state(wd)["restarts"][-1]["reason"]
     assert_clean(wd)
+    shown = status(wd)
+    assert re.search(r"watchdog\s+ok\s+armed, watching; last probe \d+ s ago, \d+\.\d\d s, answered; 3 restart",
+                     shown), shown
+    assert re.search(r"restart\s+ok\s+\d+ s ago: \d probes failed in a row", shown), shown
 
 
 @pytest.mark.parametrize("node", [2, 1], ids=["worker node", "head node"])
@@ -201,11 +212,12 @@ def test_a_crash_loop_ends_in_gave_up_with_the_reason(wd):
         assert journal(wd)[-1].endswith(gave_up)
         time.sleep(6)  # it stays down: no third relaunch
         assert len(state(wd)["restarts"]) == 2 and not answers(wd, 3)
+        shown = status(wd)
+        assert re.search(r"watchdog\s+FAIL\s+gave up after 2 restarts", shown), shown
     finally:
         node_sh(1, "mv /models/lab-tiny/config.json.away /models/lab-tiny/config.json")
-    # README: once the cause is fixed, re-arm the watchdog; it relaunches what it stopped.
-    arm = next(r["urn"] for r in wd.export()["deployment"]["resources"] if r["urn"].endswith("::watchdog-arm"))
-    wd.up("--replace", arm)
+    # README: once the cause is fixed, re-arm the watchdog (scripts/status prints how); it relaunches what it stopped.
+    wd.up("--replace", re.search(r"pulumi up --replace '([^']+watchdog-arm)'", shown).group(1))
     deadline = time.monotonic() + RECOVERY_S
     while not (answers(wd, 5) and state(wd).get("phase") == "watching"):
         assert time.monotonic() < deadline, (state(wd), logs(wd))
