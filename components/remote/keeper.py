@@ -306,7 +306,7 @@ class Leader(Keeper):
 
     # ---- relaunching ----
     def stop_group(self):
-        """Every process of the group stopped, the followers' confirmed; False if one did not confirm in time."""
+        """Every process of the group stopped, the followers' confirmed; else why not (None: done)."""
         if self.cfg["executor"] == "ray":
             self.serve_ctl("stop-keep")
         self.save(gen=self.state["gen"] + 1, run=False, adopt=False)
@@ -318,44 +318,56 @@ class Leader(Keeper):
                 reports = dict(self.reports)
             waiting = [n for n in self.cfg["followers"] if not self.stopped(reports[n])]
             if not waiting:
-                return True
+                return None
             self.save(phase=f"stopping: waiting for {', '.join(waiting)}")
             time.sleep(TICK_S)
-        return False
+        return f"{', '.join(waiting)} did not confirm its container stopped within {STOP_S} s"
 
     def stopped(self, seen_report):
         seen, report = seen_report
         return report is not None and seen > self.state["stopAt"] and not any(report["running"].values())
 
     def start_group(self):
+        """The group started and answering a completion; else why not (None: serving)."""
         gen = self.state["gen"]
         for c in self.cfg["containers"] if self.whole else ():
             self.docker.start(c)
         self.save(run=True)  # the followers start theirs now
         if self.cfg["executor"] == "ray":
-            if self.whole and not self.wait(self.cluster_ready, "the Ray cluster"):
-                return False
+            if self.whole:
+                problem = self.wait(self.cluster_ready, "the Ray cluster")
+                if problem:
+                    return problem
             code, out = self.serve_ctl("relaunch", self.cfg["ray"]["argvFile"], self.cfg["ray"]["log"])
             if code:
-                self.log(f"relaunch of vllm serve failed: {out.strip()}")
-                return False
+                return f"the relaunch of vllm serve failed: {out.strip()}"
         self.log(f"generation {gen}: started")
-        return self.wait(lambda: self.probe() is None and self.dead() is None, "a completion")
+        # A process of the group that dies while it loads ends the wait at once, with its reason.
+        return self.wait(lambda: self.dead() or (self.all_started() and self.probe() is None),
+                         "an answered completion")
+
+    def all_started(self):
+        with self.lock:
+            reports = [report for _, report in self.reports.values()]
+        return all(r and r["started"] >= self.state["gen"] and all(r["running"].values()) for r in reports)
 
     def cluster_ready(self):
         code, out = self.docker.exec(self.cfg["containers"][0], ["ray", "status"], timeout=60)
         return code == 0 and out.count("node_") >= len(self.cfg["followers"]) + 1
 
     def wait(self, ready, what):
+        """None once `ready()` is True; its text if it returns one; else the reason of the timeout or abort."""
         deadline = now() + self.w["loadTimeout"]
         while now() < deadline:
             if self.disarmed():
-                return False
-            if ready():
-                return True
+                return "disarmed"
+            found = ready()
+            if found is True:
+                return None
+            if found:
+                return found
             time.sleep(min(self.w["interval"], 5))
-        self.log(f"no {what} within {self.w['loadTimeout']} s")
-        return False
+        return f"no {what} within {self.w['loadTimeout']} s"
 
     def relaunch(self, reason):
         recent = [r for r in self.state["restarts"] if now() - r["at"] < self.w["window"]]
@@ -381,14 +393,15 @@ class Leader(Keeper):
         self.journal(f"relaunch {len(recent) + 1} of {self.w['maxRestarts']} (generation {self.state['gen'] + 1}, "
                      f"{'every container' if self.whole else 'the serve'}): {reason}")
         started = now()
-        ok = self.stop_group() and self.start_group()
+        problem = self.stop_group() or self.start_group()
         self.failed = 0
         took = round(now() - started, 1)
-        self.save(phase="watching" if ok else f"relaunch failed after {took} s", lastRelaunchSeconds=took)
-        self.journal(f"generation {self.state['gen']}: " + (f"serving again after {took} s" if ok else
-                                                              f"not serving after {took} s"))
-        if not ok and not self.disarmed():
-            self.relaunch(f"the relaunch did not serve within {self.w['loadTimeout']} s")
+        self.journal(f"generation {self.state['gen']}: " + (f"not serving after {took} s: {problem}" if problem
+                                                              else f"serving again after {took} s"))
+        self.save(phase=f"relaunch failed after {took} s: {problem}" if problem else "watching",
+                  lastRelaunchSeconds=took)
+        if problem and not self.disarmed():
+            self.relaunch(problem)
 
     def run(self):
         while not self.guard():  # the guard before any port of this deployment opens, the leader's own included

@@ -31,7 +31,9 @@ def wd(request, lab2, tmp_path_factory):
     name = f"wd{executor}"
     s = LabStack(tmp_path_factory.mktemp(name), name, "lab-mp" if executor == "mp" else "lab", lab2)
     s.executor = executor
-    s.pulumi("config", "set", "--path", "--json", "spark-vllm:watchdog", json.dumps(WATCHDOG), check=True)
+    for key, value in WATCHDOG.items():
+        for sub, v in (value.items() if isinstance(value, dict) else [(None, value)]):
+            s.set_config(f"watchdog.{key}" + (f".{sub}" if sub else ""), str(v))
     s.up()
     yield s
     s.pulumi("destroy", timeout=600)
