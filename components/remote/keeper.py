@@ -307,8 +307,10 @@ class Leader(Keeper):
     # ---- relaunching ----
     def stop_group(self):
         """Every process of the group stopped, the followers' confirmed; else why not (None: done)."""
-        if self.cfg["executor"] == "ray":
-            self.serve_ctl("stop-keep")
+        if self.cfg["executor"] == "ray" and self.docker.running(self.cfg["containers"][0]):
+            code, out = self.serve_ctl("stop-keep")
+            if code:
+                return f"vllm serve did not stop: {out.strip()}"
         self.save(gen=self.state["gen"] + 1, run=False, adopt=False)
         for c in self.cfg["containers"] if self.whole else ():
             self.docker.stop(c)
