@@ -311,8 +311,10 @@ class Leader(Keeper):
             code, out = self.serve_ctl("stop-keep")
             if code:
                 return f"vllm serve did not stop: {out.strip()}"
+        if not self.whole:
+            return None  # Ray's serve alone: the cluster, and its generation, stay
         self.save(gen=self.state["gen"] + 1, run=False, adopt=False)
-        for c in self.cfg["containers"] if self.whole else ():
+        for c in self.cfg["containers"]:
             self.docker.stop(c)
         deadline = now() + STOP_S
         while now() < deadline:
@@ -332,9 +334,10 @@ class Leader(Keeper):
     def start_group(self):
         """The group started and answering a completion; else why not (None: serving)."""
         gen = self.state["gen"]
-        for c in self.cfg["containers"] if self.whole else ():
-            self.docker.start(c)
-        self.save(run=True)  # the followers start theirs now
+        if self.whole:
+            for c in self.cfg["containers"]:
+                self.docker.start(c)
+            self.save(run=True)  # the followers start theirs now
         if self.cfg["executor"] == "ray":
             if self.whole:
                 problem = self.wait(self.cluster_ready, "the Ray cluster")
@@ -392,8 +395,8 @@ class Leader(Keeper):
         self.whole = self.cfg["executor"] == "mp" or self.containers_down()
         self.save(restarts=self.state["restarts"] + [{"at": now(), "reason": reason, "whole": self.whole}],
                   stopAt=now(), phase=f"relaunching: {reason}")
-        self.journal(f"relaunch {len(recent) + 1} of {self.w['maxRestarts']} (generation {self.state['gen'] + 1}, "
-                     f"{'every container' if self.whole else 'the serve'}): {reason}")
+        reach = f"generation {self.state['gen'] + 1}, every container" if self.whole else "the serve"
+        self.journal(f"relaunch {len(recent) + 1} of {self.w['maxRestarts']} ({reach}): {reason}")
         started = now()
         problem = self.stop_group() or self.start_group()
         self.failed = 0

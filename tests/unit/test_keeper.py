@@ -21,7 +21,26 @@ class FakeDocker:
 
     def __init__(self, events: list, names):
         self.up = {name: True for name in names}
-        self.events, self.crash = events, set()
+        self.events, self.crash, self.serve = events, set(), True
+
+    def serving(self):  # the head's process: the follower's death is found by its report, not the probe
+        return self.up["rank0"] and self.serve
+
+    def exec(self, name, argv, timeout=120):
+        """Ray's head: the env file, `ray status`, and serve_ctl.sh's actions on a serve that is only a flag."""
+        if argv[0] == "cat":
+            return 0, "VLLM_API_KEY='k'\n"
+        if argv[0] == "ray":
+            return 0, "".join(f" 1 node_{n}\n" for n, running in self.up.items() if running)
+        action = argv[4]
+        if action == "alive":
+            return (0 if self.serve else 1), ""
+        if action == "stop-keep" and self.serve:
+            self.events.append(("stop", "serve"))
+        if action == "relaunch":
+            self.events.append(("start", "serve"))
+        self.serve = action == "relaunch"
+        return 0, ""
 
     def running(self, name):
         return self.up[name]
@@ -52,7 +71,7 @@ class Api:
                 api.keys.append(self.headers.get("Authorization"))
                 if api.mode == "hang":
                     time.sleep(3)
-                ok = api.mode == "ok" and docker.up["rank0"]
+                ok = api.mode == "ok" and docker.serving()
                 data = json.dumps({"choices": [{"text": "pong"}]} if ok else {}).encode()
                 self.send_response(200 if ok else 500)
                 self.send_header("Content-Length", str(len(data)))
@@ -74,13 +93,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def group(tmp_path, monkeypatch):
+@pytest.fixture(params=["mp"])
+def group(request, tmp_path, monkeypatch):
+    executor = request.param
     events: list = []
     docker = FakeDocker(events, ["rank0", "rank1"])
     monkeypatch.setattr(keeper, "STALE_S", 5)
     api, port = Api(docker), free_port()
-    common = {"stack": "t", "executor": "mp"}
+    common = {"stack": "t", "executor": executor}
     lead_dir, follow_dir = tmp_path / "n1", tmp_path / "n2"
     lead_dir.mkdir()
     follow_dir.mkdir()
@@ -88,7 +108,8 @@ def group(tmp_path, monkeypatch):
                             "containers": ["rank0"], "bind": "127.0.0.1", "port": port, "followers": ["n2"],
                             "api": {"host": "127.0.0.1", "port": api.server.server_address[1], "model": "m"},
                             "watchdog": {"interval": 1, "probeTimeout": 2, "failures": 2, "backoffInitial": 0,
-                                         "backoffMax": 1, "maxRestarts": 2, "window": 600, "loadTimeout": 10}})
+                                         "backoffMax": 1, "maxRestarts": 2, "window": 600, "loadTimeout": 10},
+                            "ray": {"ctl": "", "pidFile": "p", "envFile": "e", "argvFile": "a", "log": "l"}})
     follower = keeper.Follower({**common, "role": "follower", "node": "n2", "stateDir": str(follow_dir),
                                 "containers": ["rank1"], "leader": f"127.0.0.1:{port}"})
     leader.docker = follower.docker = docker
@@ -154,3 +175,20 @@ def test_disarmed_it_starts_and_counts_nothing(group):
     group.docker.up["rank1"] = False
     time.sleep(3)
     assert group.leader.state["restarts"] == [] and group.events == []
+
+
+@pytest.mark.parametrize("group", ["ray"], indirect=True)
+def test_ray_a_dead_serve_is_relaunched_alone_on_the_intact_cluster(group):
+    group.docker.serve = False
+    wait(lambda: len(group.leader.state["restarts"]) == 1 and group.leader.state["phase"] == "watching")
+    assert group.events == [("start", "serve")]  # no container stopped, no generation raised
+    assert not group.leader.state["restarts"][0]["whole"] and group.leader.state["gen"] == 1
+
+
+@pytest.mark.parametrize("group", ["ray"], indirect=True)
+def test_ray_a_dead_worker_restarts_every_container_then_the_serve(group):
+    group.docker.up["rank1"] = False
+    wait(lambda: len(group.leader.state["restarts"]) == 1 and group.leader.state["phase"] == "watching")
+    assert group.events[0] == ("stop", "serve") and group.events[-1] == ("start", "serve"), group.events
+    assert ("start", "rank0") in group.events and ("start", "rank1") in group.events
+    assert group.leader.state["restarts"][0]["whole"] and group.leader.state["gen"] == 2
