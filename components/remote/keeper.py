@@ -340,6 +340,9 @@ class Leader(Keeper):
             self.save(run=True)  # the followers start theirs now
         if self.cfg["executor"] == "ray":
             if self.whole:
+                # The head container was stopped, its serve with it: a pid in the old pid file may be another
+                # process now, which `relaunch` would stop.
+                self.docker.exec(self.cfg["containers"][0], ["rm", "-f", self.cfg["ray"]["pidFile"]])
                 problem = self.wait(self.cluster_ready, "the Ray cluster")
                 if problem:
                     return problem

@@ -148,7 +148,8 @@ def test_a_dead_worker_relaunches_the_whole_group(wd):
     took = wait_for_relaunch(wd, before + 1, started)
     print(f"{wd.executor}: a dead worker, serving again after {took:.1f}s")
     last = state(wd)["restarts"][-1]
-    assert last["whole"] and (engine(wd, 2) in last["reason"] or "vllm serve" in last["reason"]), last
+    # Seen first on the worker's report, or on the head: mp's rank 0 exits when a rank's connection drops.
+    assert last["whole"] and "is not running" in last["reason"], last
     assert_clean(wd)
 
 
@@ -161,7 +162,7 @@ def test_a_wedged_engine_is_found_by_the_probe_and_relaunched(wd):
     assert "probes failed in a row" in state(wd)["restarts"][-1]["reason"]
     assert_clean(wd)
     shown = status(wd)
-    assert re.search(r"watchdog\s+ok\s+armed, watching; last probe \d+ s ago, \d+\.\d\d s, answered; 3 restart",
+    assert re.search(r"watchdog\s+ok\s+armed, watching; last probe \d+ s ago, \d+\.\d\d s, answered; \d+ restart",
                      shown), shown
     assert re.search(r"restart\s+ok\s+\d+ s ago: \d probes failed in a row", shown), shown
 
