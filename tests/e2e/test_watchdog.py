@@ -20,7 +20,7 @@ from labstack import ROOT, LabStack, chat, planned
 from test_faults import wait_for_ssh
 
 # Short, for the lab: a wedge is found within FAILURES x (INTERVAL + PROBE_TIMEOUT).
-WATCHDOG = {"intervalSeconds": 2, "probeTimeoutSeconds": 3, "failures": 2, "maxRestarts": 10,
+WATCHDOG = {"enabled": "true", "intervalSeconds": 2, "probeTimeoutSeconds": 3, "failures": 2, "maxRestarts": 10,
             "windowSeconds": 3600, "backoff": {"initialSeconds": 1, "maxSeconds": 4}}
 RECOVERY_S = 180  # the test's own bound on a recovery (the lab's load takes seconds)
 
