@@ -81,13 +81,22 @@ class Docker:
         made = self.call("POST", f"/containers/{name}/exec", {"Cmd": argv, "AttachStdout": True,
                                                                "AttachStderr": True})
         raw = self.call("POST", f"/exec/{made['Id']}/start", {"Detach": False, "Tty": False}, timeout=timeout)
-        out, i = b"", 0
-        while i + 8 <= len(raw):  # the multiplexed stream: a header of 8 bytes a frame, stream 1 is stdout
-            size = int.from_bytes(raw[i + 4:i + 8], "big")
-            if raw[i] == 1:
-                out += raw[i + 8:i + 8 + size]
-            i += 8 + size
-        return self.call("GET", f"/exec/{made['Id']}/json")["ExitCode"], out.decode(errors="replace")
+        return self.call("GET", f"/exec/{made['Id']}/json")["ExitCode"], demux(raw, (1,)).decode(errors="replace")
+
+    def logs(self, name):
+        """The container's whole log, stdout and stderr as they came."""
+        return demux(self.call("GET", f"/containers/{name}/logs?stdout=1&stderr=1"), (1, 2))
+
+
+def demux(raw, streams):
+    """Docker's multiplexed stream: a header of 8 bytes a frame (its stream, then its size)."""
+    out, i = b"", 0
+    while i + 8 <= len(raw):
+        size = int.from_bytes(raw[i + 4:i + 8], "big")
+        if raw[i] in streams:
+            out += raw[i + 8:i + 8 + size]
+        i += 8 + size
+    return out
 
 
 def now():
@@ -237,6 +246,7 @@ class Leader(Keeper):
             self.failed = 0
             self.log(f"armed for {c['token']} (generation {self.state['gen']})")
         elif not c["armed"] and self.state["armed"]:
+            self.keep_log()  # `up` may replace the container next, and its log with it
             self.save(armed=False, phase="disarmed")
             self.log("disarmed")
         return self.state["armed"]
@@ -331,9 +341,21 @@ class Leader(Keeper):
         seen, report = seen_report
         return report is not None and seen > self.state["stopAt"] and not any(report["running"].values())
 
+    def keep_log(self):
+        """mp: rank 0's log (the API server's) copied to serve.log on the volume, the one before to serve.log.1.
+        With Ray the serve writes there itself."""
+        if self.cfg["executor"] != "mp" or not self.docker.inspect(self.cfg["containers"][0]):
+            return
+        log = self.path("serve.log")
+        if os.path.exists(log):
+            os.replace(log, log + ".1")
+        with open(log, "wb") as f:
+            f.write(self.docker.logs(self.cfg["containers"][0]))
+
     def start_group(self):
         """The group started and answering a completion; else why not (None: serving)."""
         gen = self.state["gen"]
+        self.keep_log()
         if self.whole:
             for c in self.cfg["containers"]:
                 self.docker.start(c)

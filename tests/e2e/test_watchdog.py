@@ -138,6 +138,9 @@ def test_kill_9_of_vllm_on_the_head_is_relaunched(wd):
     took = wait_for_relaunch(wd, 1, started)
     print(f"{wd.executor}: kill -9 of vLLM on the head, serving again after {took:.1f}s")
     assert "relaunch 1 of 10" in journal(wd)[-2] and "serving again" in journal(wd)[-1]
+    # The serve's log before the kill, kept on the head's volume (Ray's rotated to serve.log.1 at the relaunch).
+    kept = "serve.log" if wd.executor == "mp" else "serve.log.1"
+    assert "Loading weights took" in node_sh(1, f"docker exec {keeper(wd)} cat /var/lib/spark-vllm/{kept}")
     assert_clean(wd)
 
 

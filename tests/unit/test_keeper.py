@@ -26,6 +26,9 @@ class FakeDocker:
     def serving(self):  # the head's process: the follower's death is found by its report, not the probe
         return self.up["rank0"] and self.serve
 
+    def logs(self, name):
+        return f"the log of {name}\n".encode()
+
     def exec(self, name, argv, timeout=120):
         """Ray's head: the env file, `ray status`, and serve_ctl.sh's actions on a serve that is only a flag."""
         if argv[0] == "rm":
@@ -147,6 +150,7 @@ def test_a_dead_rank_relaunches_every_rank_all_stopped_before_any_starts(group):
     assert group.docker.up == {"rank0": True, "rank1": True}
     lines = (group.dir / "watchdog.log").read_text().splitlines()
     assert "relaunch 1 of 2" in lines[0] and "serving again after" in lines[1]
+    assert (group.dir / "serve.log").read_text() == "the log of rank0\n"  # kept before rank 0 started again
 
 
 def test_failed_probes_in_a_row_relaunch(group):
