@@ -146,6 +146,9 @@ class RayNode(pulumi.ComponentResource):
             command=ray_start(cluster, node),
             envs=container_env(cluster, node),
             labels=labels,
+            # Docker's init as pid 1 reaps what `ray start` would leave a zombie: a killed `vllm serve` (its
+            # launcher's shell exits at once, so the serve's parent becomes pid 1).
+            init=True,
             **settings,
             opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
                                         replace_on_changes=["*"],

@@ -6,7 +6,7 @@
 #                                       (one argument a line), the env file, the log rotated
 # A missing pid file means there is no serve: `alive` fails, `stop` has nothing to do.
 action=$1 pid_file=$2 env_file=${3:-}
-# A zombie still answers kill -0; nothing reaps it when the container's init is `ray start`.
+# A zombie still answers kill -0: counted as dead (Docker's init reaps it, in a moment).
 running() { [ -e "/proc/$p" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$p/status" 2>/dev/null; }
 stop() {
   kill -TERM "-$p" 2>/dev/null

@@ -31,6 +31,7 @@ TABLE = {
     "networkMode": P(),
     "ipcMode": P(computed=True),
     "pidMode": P(),
+    "init": P(),
     "shmSize": P(computed=True),
     "gpus": P(),
     "devices": P(is_set=True, fields=frozenset({"hostPath", "containerPath", "permissions"}),
@@ -117,7 +118,7 @@ def create_body(p: dict) -> dict:
         config["Labels"] = {item["label"]: item["value"] for item in p["labels"]}
     host = {
         "RestartPolicy": {"Name": p.get("restart", "no"), "MaximumRetryCount": p.get("maxRetryCount", 0)},
-        "Init": False,
+        "Init": bool(p.get("init", False)),
     }
     if "networkMode" in p:
         host["NetworkMode"] = p["networkMode"]
