@@ -14,6 +14,7 @@ from components.mp_rank import MpRank, MpRankArgs, ranks_digest
 from components.ray_node import RayNode, RayNodeArgs
 from components.spark_node import SparkNode, SparkNodeArgs
 from components.vllm_serve import VllmServe, VllmServeArgs, page_cache_drops
+from components.watchdog import Watchdog, WatchdogArgs
 from components.weights_sync import WeightsSync, WeightsSyncArgs
 
 deployment = pulumi_config.from_pulumi(Path(__file__).parent)
@@ -67,7 +68,8 @@ def ray_engine():
         connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
         args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],
         timeout_s=deployment.serve_ready_timeout_s), opts=SERVE_READY_ALIAS)
-    return {cluster.head.name: head.container_id, **{n: w.container_id for n, w in workers.items()}}, serve_ready
+    nodes = {cluster.head.name: head, **workers}
+    return nodes, serve_ready, [serve_process.serve_id]
 
 
 def mp_engine():
@@ -100,10 +102,16 @@ def mp_engine():
         args=serve_ready_args(cluster, serve, rank0=head.container_name),
         triggers=[head.container_id, *(gate.ready_id for gate in ranks_ready)],
         timeout_s=deployment.serve_ready_timeout_s), opts=SERVE_READY_ALIAS)
-    return {name: rank.container_id for name, rank in ranks.items()}, serve_ready
+    return ranks, serve_ready, []
 
 
-container_ids, serve_ready = mp_engine() if serve.executor == "mp" else ray_engine()
+engines, serve_ready, serve_ids = mp_engine() if serve.executor == "mp" else ray_engine()
+container_ids = {name: engine.container_id for name, engine in engines.items()}
+if deployment.watchdog.enabled:
+    Watchdog("watchdog", WatchdogArgs(
+        stack=deployment.stack, cluster=cluster, serve=serve, watchdog=deployment.watchdog, sparks=sparks,
+        containers={name: engine.container_name for name, engine in engines.items()}, guards=guards,
+        watched_ids=[*container_ids.values(), *serve_ids], serve_ready=serve_ready))
 
 # The URL is exported only once the model answers, so a stack output always points at a working endpoint.
 pulumi.export("baseUrl", serve_ready.ready_id.apply(

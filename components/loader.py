@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from . import validate, yaml_file
+from . import validate, watchdog_config, yaml_file
 from .schema import ConfigError, Section, did_you_mean
 from .spec import NAMESPACE, ClusterSpec, Deployment
 
@@ -26,11 +26,17 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
     cluster = validate.cluster(clusters, keys.cluster)
     preset = _catalog_entry(catalog_dir, keys.catalog, "models.yaml", keys.model, stack_file, "model")
     serve = validate.serve(preset, keys.overrides, keys.model)
-    cluster = dataclasses.replace(cluster, executor=serve.executor)
+    watchdog = keys.watchdog
+    if watchdog.enabled:
+        watchdog_config.check_port(keys.watchdog_keys, watchdog.port, validate.fixed_ports(cluster),
+                                   cluster.worker_ports)
+    cluster = dataclasses.replace(cluster, executor=serve.executor,
+                                  watchdog_port=watchdog.port if watchdog.enabled else None)
     validate.world_size(cluster, serve, stack_file)
     return Deployment(stack=stack, cluster=cluster, serve=serve, cluster_ready_timeout_s=keys.cluster_ready_timeout_s,
                       serve_ready_timeout_s=keys.serve_ready_timeout_s, secrets=keys.secrets,
-                      ssh_private_key=_read_key(cluster, clusters.file), preflight=keys.preflight)
+                      ssh_private_key=_read_key(cluster, clusters.file), preflight=keys.preflight,
+                      watchdog=watchdog)
 
 
 def _catalog_entry(folder: Path, folder_name: str, file: str, name: str, stack_file: str, what: str) -> Section:

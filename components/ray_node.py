@@ -16,6 +16,8 @@ import pulumi_docker as docker
 
 from .spec import ClusterSpec, NodeSpec, ServeSpec
 from .spark_node import SparkNode
+from .vllm_serve import LOG_FILE
+from .watchdog import volume_name
 
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
 HEAD_ONLY_RAY_PORTS = {"ray-client-server-port"}  # the Ray client server runs on the head alone
@@ -131,6 +133,11 @@ class RayNode(pulumi.ComponentResource):
         cluster, node = args.cluster, args.node
         labels = node_labels(args.stack, node, args.head.container_id if args.head else None)
         self.container_name = container_name(args.stack, node)
+        settings = runtime_settings(cluster, args.serve)
+        if node.head:
+            # The serve's log on the node's volume, so that it outlives the container (rotated by serve_start.sh).
+            settings["mounts"] = [*settings["mounts"], docker.ContainerMountArgs(
+                type="volume", source=volume_name(args.stack), target=LOG_FILE.rsplit("/", 1)[0])]
         container = docker.Container(
             f"{name}-container",
             name=self.container_name,
@@ -139,7 +146,10 @@ class RayNode(pulumi.ComponentResource):
             command=ray_start(cluster, node),
             envs=container_env(cluster, node),
             labels=labels,
-            **runtime_settings(cluster, args.serve),
+            # Docker's init as pid 1 reaps what `ray start` would leave a zombie: a killed `vllm serve` (its
+            # launcher's shell exits at once, so the serve's parent becomes pid 1).
+            init=True,
+            **settings,
             opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
                                         replace_on_changes=["*"],
                                         replace_with=[args.head.container] if args.head else None,

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from .watchdog_config import WatchdogSpec
+
 NAMESPACE = "spark-vllm"
 SECRET_KEYS = ("apiKey", "hfToken")
 
@@ -57,6 +59,7 @@ class ClusterSpec:
     gpu_probe: Optional[str] = None  # a stand-in for `nvidia-smi -L` where a node has no GPU (the lab)
     master_port: int = 29501  # mp: rank 0's rendezvous port (torch.distributed's store), on the head
     executor: str = "ray"  # the deployment's `serve.executor`: which ports the nodes open depends on it
+    watchdog_port: Optional[int] = None  # the head keeper's port (`watchdog.port`), when the watchdog is on
 
     @property
     def head(self) -> NodeSpec:
@@ -76,21 +79,24 @@ class ClusterSpec:
     @property
     def head_ports(self) -> dict[int, tuple[str, str]]:
         """The fixed ports the head opens, with what holds them and their config key."""
+        keeper = {self.watchdog_port: ("watchdog", "watchdog.port")} if self.watchdog_port else {}
         if self.executor == "mp":
-            return {self.master_port: ("mp master", "mp.masterPort"), self.api_port: ("API", "api.port")}
+            return {self.master_port: ("mp master", "mp.masterPort"), self.api_port: ("API", "api.port"), **keeper}
         return {self.ray_port: ("Ray GCS", "ray.port"), self.dashboard_port: ("dashboard", "ray.dashboardPort"),
-                self.api_port: ("API", "api.port")}
+                self.api_port: ("API", "api.port"), **keeper}
 
     @property
     def guarded_ports(self) -> list[str]:
         """Every TCP port Ray listens on, as iptables --dport values ("6379", "10002:19999"); "ephemeral" is the
         node's own ip_local_port_range, where the raylet's random ports are. With mp: the master port, and the
-        ephemeral range where each rank's NCCL, gloo and message-queue ports are."""
+        ephemeral range where each rank's NCCL, gloo and message-queue ports are. The watchdog's port too: its
+        keepers speak only over the fabric."""
+        keeper = [str(self.watchdog_port)] if self.watchdog_port else []
         if self.executor == "mp":
-            return [str(self.master_port), "ephemeral"]
+            return [str(self.master_port), *keeper, "ephemeral"]
         low, high = self.worker_ports
         fixed = (self.ray_port, self.dashboard_port, *self.ray_ports.values(), *self.ray_port_env.values())
-        return [str(p) for p in fixed] + [f"{low}:{high}", "ephemeral"]
+        return [str(p) for p in fixed] + keeper + [f"{low}:{high}", "ephemeral"]
 
 
 @dataclass(frozen=True)
@@ -129,3 +135,4 @@ class Deployment:
     secrets: tuple[str, ...]  # which of SECRET_KEYS are set (values are read as Pulumi secrets)
     ssh_private_key: Optional[str]  # contents of the key file; the program wraps it as a secret
     preflight: PreflightSpec
+    watchdog: WatchdogSpec = WatchdogSpec()

@@ -10,9 +10,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import serve_flags
+from . import serve_flags, watchdog_config
 from .schema import HIDDEN, ConfigError, Section, closest, did_you_mean
 from .spec import NAMESPACE, SECRET_KEYS, ClusterSpec, NodeSpec, PreflightSpec, ServeSpec, SshSpec
+from .watchdog_config import WatchdogSpec
 
 # Environment variables that would carry the secrets (SECRET_KEYS) in plain text, in the containers' create inputs.
 PLAIN_SECRET_ENV = {"VLLM_API_KEY": "apiKey", "HF_TOKEN": "hfToken", "HUGGING_FACE_HUB_TOKEN": "hfToken"}
@@ -51,6 +52,8 @@ class StackKeys:
     serve_ready_timeout_s: int
     preflight: PreflightSpec
     secrets: tuple[str, ...]
+    watchdog: WatchdogSpec
+    watchdog_keys: Section  # for the port's check against the cluster's
 
 
 def stack_keys(config: Mapping[str, Any], secret_keys: set[str], stack_file: str) -> StackKeys:
@@ -76,10 +79,13 @@ def stack_keys(config: Mapping[str, Any], secret_keys: set[str], stack_file: str
         raise keys.error("syncWeights", True, "false while preflight.enabled is false",
                          "is true, but the sync acts on what preflight finds, and preflight is off")
     keys.done()
+    watchdog_keys = top.section("watchdog")
+    watchdog = watchdog_config.parse(watchdog_keys, serve_ready_s)
     secrets = tuple(key for key in SECRET_KEYS if _secret(top, key, secret_keys))
     _refuse_flat_paths(top)
     top.done()
-    return StackKeys(catalog, cluster, model, overrides, cluster_ready_s, serve_ready_s, preflight, secrets)
+    return StackKeys(catalog, cluster, model, overrides, cluster_ready_s, serve_ready_s, preflight, secrets,
+                     watchdog, watchdog_keys)
 
 
 def _refuse_near_namespaces(config: Mapping[str, Any], stack_file: str) -> None:
@@ -312,6 +318,14 @@ def _extra_args(s: Section) -> tuple[str, ...]:
                           + (f"from {source}" if source else "itself, to run vLLM across its nodes")
                           + ", and vLLM keeps the last of a repeated flag")
     return args
+
+
+def fixed_ports(cluster: ClusterSpec) -> dict[int, str]:
+    """Every fixed port the nodes open, by config key."""
+    return {cluster.ray_port: "ray.port", cluster.dashboard_port: "ray.dashboardPort",
+            **{port: f"ray.{RAY_PORTS[flag][0]}" for flag, port in cluster.ray_ports.items()},
+            **{port: f"ray.{RAY_PORT_ENV[var][0]}" for var, port in cluster.ray_port_env.items()},
+            cluster.master_port: "mp.masterPort", cluster.api_port: "api.port"}
 
 
 def world_size(cluster: ClusterSpec, serve: ServeSpec, stack_file: str) -> None:

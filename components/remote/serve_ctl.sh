@@ -1,18 +1,42 @@
 # The `vllm serve` that serve_start.sh started, by its pid file:
-#   alive PID_FILE             prints the pid and exits 0 while the process lives
-#   stop PID_FILE ENV_FILE     stops its whole process group, TERM first, KILL after 60 s; removes both files
+#   alive PID_FILE                      prints the pid and exits 0 while the process lives
+#   stop PID_FILE ENV_FILE              stops its whole process group, TERM first, KILL after 60 s; removes both files
+#   stop-keep PID_FILE ENV_FILE         the same, keeping the env file (the watchdog relaunches with it)
+#   relaunch PID_FILE ENV_FILE ARGV_FILE LOG   stop-keep, then the same serve again: the argv serve_start.sh kept
+#                                       (one argument a line), the env file, the log rotated
 # A missing pid file means there is no serve: `alive` fails, `stop` has nothing to do.
 action=$1 pid_file=$2 env_file=${3:-}
-p=$(cat "$pid_file" 2>/dev/null) || { [ "$action" = stop ]; exit; }
-# A zombie still answers kill -0; nothing reaps it when the container's init is `ray start`.
+# A zombie still answers kill -0: counted as dead (Docker's init reaps it, in a moment).
 running() { [ -e "/proc/$p" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$p/status" 2>/dev/null; }
-if [ "$action" = alive ]; then
-  running && echo "$p"
-  exit
+stop() {
+  kill -TERM "-$p" 2>/dev/null
+  kill -CONT "-$p" 2>/dev/null  # a stopped (wedged) process acts on TERM only once continued
+  i=0
+  while running && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+  running && kill -KILL "-$p" 2>/dev/null
+  i=0
+  while running && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+  ! running
+}
+if p=$(cat "$pid_file" 2>/dev/null); then
+  case $action in
+    alive) running && echo "$p"; exit ;;
+    stop|stop-keep|relaunch) stop || { echo "spark-vllm: vllm serve (pid $p) did not stop" >&2; exit 1; } ;;
+  esac
+else
+  [ "$action" = alive ] && exit 1
 fi
-kill -TERM "-$p" 2>/dev/null
-i=0
-while running && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
-running && kill -KILL "-$p" 2>/dev/null
-rm -f "$pid_file" "$env_file"
+rm -f "$pid_file"
+case $action in
+  stop) rm -f "$env_file" ;;
+  relaunch)
+    argv_file=$4 log=$5
+    set --
+    while IFS= read -r arg; do set -- "$@" "$arg"; done < "$argv_file"
+    [ -f "$log" ] && mv -f "$log" "$log.1"
+    setsid sh -c 'set -a; . "$1"; set +a; shift; exec "$@"' vllm-serve "$env_file" "$@" </dev/null >>"$log" 2>&1 &
+    echo $! > "$pid_file"
+    echo "spark-vllm: relaunched vllm serve (pid $!); log $log"
+    ;;
+esac
 exit 0

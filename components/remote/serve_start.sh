@@ -20,7 +20,9 @@ while read -r name value; do
 done <<'SPARK_VLLM_ENV'
 @ENV@
 SPARK_VLLM_ENV
-: > "$log"
+# The argv, one argument a line, for the watchdog's relaunch (serve_ctl.sh); the previous log kept as serve.log.1.
+printf '%s\n' "$@" > "$run/serve.argv"
+[ -f "$log" ] && mv -f "$log" "$log.1"
 # setsid: the serve gets its own process group, which its delete stops as a whole.
 setsid sh -c 'set -a; . "$1"; set +a; shift; exec "$@"' vllm-serve "$run/serve.env" "$@" </dev/null >>"$log" 2>&1 &
 echo $! > "$run/serve.pid"

@@ -237,7 +237,18 @@ def test_the_guard_covers_what_the_executor_opens(tmp_path):
     ray = load(tmp_path).cluster
     assert "6379" in ray.guarded_ports and "29501" not in ray.guarded_ports
     mp = load(tmp_path / "mp", stack=stack_with(serve={"executor": "mp"})).cluster
-    assert mp.guarded_ports == ["29501", "ephemeral"]
+    assert mp.guarded_ports == ["29501", "29511", "ephemeral"]  # the master, the watchdog's leader, the ranks'
+    off = load(tmp_path / "off", stack=stack_with(serve={"executor": "mp"}, watchdog={"enabled": False})).cluster
+    assert off.guarded_ports == ["29501", "ephemeral"] and 29511 not in off.head_ports
+
+
+def test_the_watchdog_defaults_and_settings(tmp_path):
+    w = load(tmp_path).watchdog
+    assert (w.enabled, w.interval_s, w.failures, w.max_restarts, w.port, w.load_timeout_s) == (
+        True, 30, 3, 3, 29511, 2400)
+    w = load(tmp_path / "set", stack=stack_with(watchdog={"intervalSeconds": 5, "failures": 2, "maxRestarts": 1,
+                                                          "backoff": {"initialSeconds": 1, "maxSeconds": 4}})).watchdog
+    assert (w.interval_s, w.failures, w.max_restarts, w.backoff_initial_s, w.backoff_max_s) == (5, 2, 1, 1, 4)
 
 
 def test_shipped_stacks_pick_their_executors():

@@ -64,9 +64,10 @@ def healthy() -> dict:
                                   for peer in FABRIC if peer != name}},
             "model": {"exists": True, "files": copy.deepcopy(MODEL_FILES), "config": dict(MODEL_CONFIG)},
             "memory": {"totalKib": 128 * 1024 * 1024},
-            "guard": {"hooked": ["svl-test-800217c9"]},
+            "guard": {"hooked": ["svl-test-0f042094"]},
         }
-    facts["spark1"]["ports"] = {"6379": {"free": True}, "8265": {"free": True}, "8000": {"free": True}}
+    facts["spark1"]["ports"] = {"6379": {"free": True}, "8265": {"free": True}, "8000": {"free": True},
+                                "29511": {"free": True}}
     return facts
 
 
@@ -102,7 +103,8 @@ def test_a_healthy_cluster_passes_every_check_on_every_node(tmp_path):
     assert table[("spark3", "weights")].reason == ("3 weight files, 18.0 GiB, the same names and sizes as spark1 "
                                                    "(contents not hashed: spark-vllm:preflight.hashWeights is off)")
     assert table[("spark2", "memory")].reason == (f"needs about 10.7 GiB ({NEED}) of 108.8 GiB (0.85 x 128.0 GiB)")
-    assert table[("spark1", "ports")].reason == "6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free"
+    assert table[("spark1", "ports")].reason == ("6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; "
+                                                 "29511 (watchdog) free")
 
 
 def test_the_ssh_row_names_the_slowest_step_of_the_probe(tmp_path):
@@ -364,7 +366,7 @@ def mp_image(facts, **inside):
     for node in facts.values():
         node["image"]["inside"] = {"rayError": "ModuleNotFoundError: No module named 'ray'", "vllm": "0.31.0",
                                    "archs": ARCHS, "serveNnodes": True, **inside}
-    facts["spark1"]["ports"] = {"29501": {"free": True}, "8000": {"free": True}}
+    facts["spark1"]["ports"] = {"29501": {"free": True}, "8000": {"free": True}, "29511": {"free": True}}
     return facts
 
 
@@ -374,7 +376,7 @@ def test_mp_needs_no_ray_but_a_serve_that_takes_nnodes(tmp_path):
     table = judged(d, facts)
     assert all(f.status == "ok" for f in table.values()), [f for f in table.values() if f.status != "ok"]
     assert table[("spark2", "ray+vllm")].reason == "vllm 0.31.0, `serve` takes --nnodes (mp: no Ray needed)"
-    assert table[("spark1", "ports")].reason == "29501 (mp master) free; 8000 (API) free"
+    assert table[("spark1", "ports")].reason == "29501 (mp master) free; 8000 (API) free; 29511 (watchdog) free"
     facts = mp_image(healthy(), serveNnodes=False)
     assert one(d, facts, "spark3", "ray+vllm") == (
         "fail", "the image's `vllm serve` takes no --nnodes, so its vLLM cannot run the mp executor across nodes",
@@ -390,7 +392,7 @@ def test_mp_ports_name_the_master_port_and_its_holder(tmp_path):
     facts = mp_image(healthy())
     facts["spark1"]["ports"] = {"29501": {"free": False, "holders": [
         {"pid": 42, "process": "python3", "container": "spark-vllm-other-vllm-rank0", "stack": "other"}]},
-        "8000": {"free": True}}
+        "8000": {"free": True}, "29511": {"free": True}}
     status, reason, fix = one(d, facts, "spark1", "ports")
     assert status == "fail"
     assert "29501 (mp master) is held by python3 (pid 42) in spark-vllm-other-vllm-rank0 of stack other" in reason
@@ -665,10 +667,10 @@ def test_ports_held_by_this_stacks_own_containers_pass(tmp_path):
     facts["spark1"]["ports"] = {
         "6379": {"free": False, "holders": [holder("gcs_server", 41, "spark-vllm-test-ray-head", "test")]},
         "8265": {"free": False, "holders": [holder("python3", 42, "spark-vllm-test-ray-head", "test")]},
-        "8000": {"free": True}}
+        "8000": {"free": True}, "29511": {"free": True}}
     assert one(d, facts, "spark1", "ports") == (
         "ok", "6379 (Ray GCS) held by this stack's spark-vllm-test-ray-head; 8265 (dashboard) held by this stack's "
-              "spark-vllm-test-ray-head; 8000 (API) free", "")
+              "spark-vllm-test-ray-head; 8000 (API) free; 29511 (watchdog) free", "")
 
 
 def test_ports_held_by_others_fail_naming_the_holder_and_the_fix(tmp_path):
@@ -676,11 +678,12 @@ def test_ports_held_by_others_fail_naming_the_holder_and_the_fix(tmp_path):
     facts["spark1"]["ports"] = {
         "6379": {"free": False, "holders": [holder("gcs_server", 41, "spark-vllm-gpt-oss-ray-head", "gpt-oss")]},
         "8265": {"free": False, "holders": [holder("python3", 42, "ray-by-hand")]},
-        "8000": {"free": False, "holders": [holder("vllm", 43)]}}
+        "8000": {"free": False, "holders": [holder("vllm", 43)]},
+        "29511": {"free": True}}
     assert one(d, facts, "spark1", "ports") == (
         "fail", "6379 (Ray GCS) is held by gcs_server (pid 41) in spark-vllm-gpt-oss-ray-head of stack gpt-oss; "
                 "8265 (dashboard) is held by python3 (pid 42) in container ray-by-hand; 8000 (API) is held by vllm "
-                "(pid 43), outside any container",
+                "(pid 43), outside any container; 29511 (watchdog) free",
         "destroy that stack first (`pulumi destroy -s gpt-oss`), or change ray.port; stop it (`docker stop "
         "ray-by-hand`), or change ray.dashboardPort; stop that process, or change api.port")
 
@@ -690,7 +693,7 @@ def test_a_port_whose_holder_exited_as_it_was_checked_is_free(tmp_path):
     facts["spark1"]["ports"]["8000"] = {"free": False, "holders": [{"pid": 43, "process": "vllm", "exiting": True}]}
     assert one(d, facts, "spark1", "ports") == (
         "ok", "6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free (its holder, pid 43, exited as it was "
-              "checked)", "")
+              "checked); 29511 (watchdog) free", "")
 
 
 def test_a_port_whose_owner_is_hidden_could_not_be_checked(tmp_path):
@@ -698,7 +701,7 @@ def test_a_port_whose_owner_is_hidden_could_not_be_checked(tmp_path):
     facts["spark1"]["ports"]["8000"] = {"free": False, "hidden": True}
     assert one(d, facts, "spark1", "ports") == (
         "warn", "6379 (Ray GCS) free; 8265 (dashboard) free; could not check: 8000 (API) is in use, and ss shows its "
-                "owner only to root", "see who holds it: `sudo ss -tlnp 'sport = :8000'`")
+                "owner only to root; 29511 (watchdog) free", "see who holds it: `sudo ss -tlnp 'sport = :8000'`")
 
 
 def running(*containers):
@@ -712,7 +715,7 @@ def test_a_hidden_owner_while_another_stack_runs_fails_naming_that_stack(tmp_pat
                                         "running": running(("spark-vllm-gpt-oss-ray-head", "gpt-oss"))}
     assert one(d, facts, "spark1", "ports") == (
         "fail", "6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) is in use while stack gpt-oss runs here "
-                "(spark-vllm-gpt-oss-ray-head; ss names a port's owner only to root)",
+                "(spark-vllm-gpt-oss-ray-head; ss names a port's owner only to root); 29511 (watchdog) free",
         "destroy that stack first (`pulumi destroy -s gpt-oss`), or change api.port")
 
 
@@ -723,7 +726,7 @@ def test_a_hidden_owner_while_two_other_stacks_run_names_both(tmp_path):
     assert one(d, facts, "spark1", "ports") == (
         "fail", "6379 (Ray GCS) is in use while stacks a, b run here (spark-vllm-b-ray-head, "
                 "spark-vllm-a-vllm-rank-spark1; ss names a port's owner only to root); 8265 (dashboard) free; "
-                "8000 (API) free",
+                "8000 (API) free; 29511 (watchdog) free",
         "destroy those stacks first (`pulumi destroy -s a`, `pulumi destroy -s b`), or change ray.port")
 
 
@@ -736,7 +739,7 @@ def test_a_hidden_owner_while_only_this_stack_runs_passes(tmp_path):
     assert one(d, facts, "spark1", "ports") == (
         "ok", "6379 (Ray GCS) in use while this stack's spark-vllm-test-ray-head runs; 8265 (dashboard) in use while "
               "this stack's spark-vllm-test-ray-head runs; 8000 (API) in use while this stack's "
-              "spark-vllm-test-ray-head runs", "")
+              "spark-vllm-test-ray-head runs; 29511 (watchdog) free", "")
 
 
 def test_ports_without_ss_could_not_be_checked(tmp_path):
@@ -750,15 +753,15 @@ def test_ports_without_ss_could_not_be_checked(tmp_path):
 
 def test_the_guard_in_place_passes_and_a_missing_or_stale_one_is_replaced_by_up(tmp_path):
     d, facts = deployment(tmp_path), healthy()
-    assert chain_name("test", d.cluster) == "svl-test-800217c9"  # the chain of healthy()'s facts
+    assert chain_name("test", d.cluster) == "svl-test-0f042094"  # the chain of healthy()'s facts
     facts["spark2"]["guard"] = {"hooked": []}
     facts["spark3"]["guard"] = {"hooked": ["svl-test-0000aaaa"]}
     assert one(d, facts, "spark1", "guard") == (
-        "ok", "Ray's ports are closed to all but enp1s0f1np1 and loopback (chain svl-test-800217c9)", "")
+        "ok", "Ray's ports are closed to all but enp1s0f1np1 and loopback (chain svl-test-0f042094)", "")
     assert one(d, facts, "spark2", "guard") == (
         "ok", "the rules that close Ray's ports to all but enp1s0f1np1 are not in place; `up` applies them", "")
     assert one(d, facts, "spark3", "guard") == (
-        "ok", "chain svl-test-0000aaaa guards other ports; `up` puts svl-test-800217c9 in first, then removes it", "")
+        "ok", "chain svl-test-0000aaaa guards other ports; `up` puts svl-test-0f042094 in first, then removes it", "")
     assert [preflight.guard_found(d, typed(facts), d.cluster.node(n)) for n in ("spark1", "spark2", "spark3")] == [
         GuardState.IN_PLACE, GuardState.MISSING, GuardState.STALE]
     assert preflight.guard_found(d, {}, d.cluster.head) is None  # preflight off
@@ -792,7 +795,8 @@ def test_the_table_lists_every_finding_with_its_fix(tmp_path):
     lines = render(evaluate(d, typed(facts))).splitlines()
     assert lines[0].split() == ["node", "check", "result"]
     assert "spark2  weights       FAIL    spark2 lacks model-00003-of-00003.safetensors. Fix: " + RSYNC in lines
-    assert "spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free" in lines
+    assert ("spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; "
+            "29511 (watchdog) free") in lines
     assert len(lines) == 1 + 3 * 9 + 1
 
 

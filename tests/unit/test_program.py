@@ -36,8 +36,9 @@ def env_of(reg) -> dict[str, str]:
 
 def test_one_provider_image_and_container_per_node(rec):
     assert rec.names("pulumi:providers:docker") == {"spark1-docker", "spark2-docker", "spark3-docker"}
-    assert rec.names(CONTAINER) == {"ray-head-container", "ray-worker-spark2-container", "ray-worker-spark3-container"}
-    assert rec.names(COMMAND) == {"cluster-ready-gate", "vllm-serve-process", "serve-ready-gate",
+    assert rec.names(CONTAINER) == {"ray-head-container", "ray-worker-spark2-container", "ray-worker-spark3-container",
+                                    *(f"watchdog-keeper-{n}" for n in ("spark1", "spark2", "spark3"))}
+    assert rec.names(COMMAND) == {"cluster-ready-gate", "vllm-serve-process", "serve-ready-gate", "watchdog-arm",
                                   *(f"fabric-guard-{n}-rules" for n in ("spark1", "spark2", "spark3"))}
     for node in ("spark1", "spark2", "spark3"):
         provider = rec.by_name(f"{node}-docker")
@@ -82,7 +83,7 @@ def test_each_nodes_guard_goes_in_before_its_ray_container(rec, tmp_path):
         assert guard.urn in rec.by_name(container).dependencies
         assert guard.inputs["connection"]["value"]["host"] == host
         create = guard.inputs["create"]
-        ports = "6379 8265 6380 6381 6382 52365 10001 44217 44227 10002:19999 ephemeral"
+        ports = "6379 8265 6380 6381 6382 52365 10001 44217 44227 29511 10002:19999 ephemeral"
         assert create.startswith(f"if ! sudo -n true 2>/dev/null; then printf '%s\\n' 'fabric guard on {node}: nvidia "
                                  "cannot")
         assert create.endswith(f"fabric-guard apply {chain} enp1s0f1np1 'spark-vllm stack test' {ports}")

@@ -37,9 +37,9 @@ def flag(argv: list[str], name: str) -> str:
 
 
 def test_no_ray_at_all_one_rank_a_node(rec):
-    assert rec.names(CONTAINER) == set(RANKS)
     nodes = ("spark1", "spark2", "spark3")
-    assert rec.names(COMMAND) == {"serve-ready-gate", *(f"ranks-ready-{n}-gate" for n in nodes),
+    assert rec.names(CONTAINER) == {*RANKS, *(f"watchdog-keeper-{n}" for n in nodes)}
+    assert rec.names(COMMAND) == {"serve-ready-gate", "watchdog-arm", *(f"ranks-ready-{n}-gate" for n in nodes),
                                   *(f"fabric-guard-{n}-rules" for n in ("spark1", "spark2", "spark3"))}
     assert not any("ray" in name.replace("ready", "") for name in rec.names())
     for node in ("spark1", "spark2", "spark3"):
@@ -109,7 +109,7 @@ def test_gates_run_on_the_nodes_bounded(rec):
 
 def test_the_guard_covers_the_master_port_and_the_ranks_random_ports(rec):
     create = rec.by_name("fabric-guard-spark2-rules").inputs["create"]
-    assert create.endswith("enp1s0f1np1 'spark-vllm stack test' 29501 ephemeral"), create
+    assert create.endswith("enp1s0f1np1 'spark-vllm stack test' 29501 29511 ephemeral"), create
 
 
 def test_secrets_only_in_rank0_and_never_plain(rec):

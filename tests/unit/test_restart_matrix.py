@@ -17,6 +17,10 @@ SERVE_CHAIN = {"vllm-serve-process", "serve-ready-gate"}
 GATE_AND_SERVE = {"cluster-ready-gate"} | SERVE_CHAIN
 CONTAINERS = {"ray-head-container", "ray-worker-spark2-container", "ray-worker-spark3-container"}
 GUARDS = {"fabric-guard-spark1-rules", "fabric-guard-spark2-rules", "fabric-guard-spark3-rules"}
+# The watchdog's arm is replaced (so disarmed first) whenever a container or the serve is; its keepers only when
+# what they keep or guard changes.
+ARM = {"watchdog-arm"}
+KEEPERS = {"watchdog-keeper-spark1", "watchdog-keeper-spark2", "watchdog-keeper-spark3"}
 
 
 def deploy(tmp_path, clusters=None, models=None, **stack):
@@ -42,26 +46,29 @@ FOUR_NODES = cluster(lambda c: c["nodes"].append(
 # (id, the change as deploy() kwargs, replaced, created)
 MATRIX = [
     ("no change", {}, set(), set()),
-    ("max model len", dict(serve={"maxModelLen": 4096}), SERVE_CHAIN, set()),
-    ("gpu memory utilization", dict(serve={"gpuMemoryUtilization": 0.8}), SERVE_CHAIN, set()),
-    ("enforce eager off", dict(serve={"enforceEager": False}), SERVE_CHAIN, set()),
-    ("extra args", dict(serve={"extraArgs": ["--max-num-batched-tokens", "8192"]}), SERVE_CHAIN, set()),
-    ("api key", dict(apiKey="key-two"), SERVE_CHAIN, set()),
+    ("max model len", dict(serve={"maxModelLen": 4096}), SERVE_CHAIN | ARM, set()),
+    ("gpu memory utilization", dict(serve={"gpuMemoryUtilization": 0.8}), SERVE_CHAIN | ARM, set()),
+    ("enforce eager off", dict(serve={"enforceEager": False}), SERVE_CHAIN | ARM, set()),
+    ("extra args", dict(serve={"extraArgs": ["--max-num-batched-tokens", "8192"]}), SERVE_CHAIN | ARM, set()),
+    ("api key", dict(apiKey="key-two"), SERVE_CHAIN | ARM, set()),
     ("one worker's env", dict(clusters=cluster(lambda c: c["nodes"][2].update(env={"NCCL_DEBUG": "INFO"}))),
-     {"ray-worker-spark3-container"} | GATE_AND_SERVE, set()),
+     {"ray-worker-spark3-container"} | GATE_AND_SERVE | ARM, set()),
     ("head's env", dict(clusters=cluster(lambda c: c["nodes"][0].update(env={"NCCL_DEBUG": "INFO"}))),
-     CONTAINERS | GATE_AND_SERVE, set()),
+     CONTAINERS | GATE_AND_SERVE | ARM, set()),
     ("ray port", dict(clusters=cluster(lambda c: c["ray"].update(port=6390))),
-     GUARDS | CONTAINERS | GATE_AND_SERVE, set()),
+     GUARDS | CONTAINERS | GATE_AND_SERVE | ARM | KEEPERS, set()),
     ("cluster-wide env", dict(clusters=cluster(lambda c: c["env"].update(NCCL_DEBUG="INFO"))),
-     CONTAINERS | GATE_AND_SERVE, set()),
+     CONTAINERS | GATE_AND_SERVE | ARM, set()),
     # pulumi-docker plans a mount change as an in-place update that keeps the old mount; "*" replaces.
     ("weights path", dict(models=models(lambda m: m["big"].update(path="/models/other"))),
-     CONTAINERS | GATE_AND_SERVE, set()),
+     CONTAINERS | GATE_AND_SERVE | ARM, set()),
     ("image", dict(models=models(lambda m: m["big"].update(image="vllm:b"))),
-     CONTAINERS | GATE_AND_SERVE | {"spark1-image", "spark2-image", "spark3-image"}, set()),
-    ("a node added", dict(clusters=FOUR_NODES, serve={"tensorParallel": 4}), GATE_AND_SERVE,
-     {"spark4-docker", "spark4-image", "fabric-guard-spark4-rules", "ray-worker-spark4-container"}),
+     CONTAINERS | GATE_AND_SERVE | {"spark1-image", "spark2-image", "spark3-image"} | ARM | KEEPERS, set()),
+    # The leader learns of a new follower: the head's keeper only.
+    ("a node added", dict(clusters=FOUR_NODES, serve={"tensorParallel": 4}),
+     GATE_AND_SERVE | ARM | {"watchdog-keeper-spark1"},
+     {"spark4-docker", "spark4-image", "fabric-guard-spark4-rules", "ray-worker-spark4-container",
+      "watchdog-keeper-spark4"}),
 ]
 
 
@@ -85,22 +92,23 @@ def mp(change=lambda m: None):
 
 MP_MATRIX = [
     ("no change", {}, set(), set()),
-    ("max model len", dict(serve={"maxModelLen": 4096}), MP_ALL, set()),
-    ("gpu memory utilization", dict(serve={"gpuMemoryUtilization": 0.8}), MP_ALL, set()),
-    ("enforce eager off", dict(serve={"enforceEager": False}), MP_ALL, set()),
-    ("extra args", dict(serve={"extraArgs": ["--max-num-batched-tokens", "8192"]}), MP_ALL, set()),
-    ("api key", dict(apiKey="key-two"), MP_ALL, set()),
+    ("max model len", dict(serve={"maxModelLen": 4096}), MP_ALL | ARM, set()),
+    ("gpu memory utilization", dict(serve={"gpuMemoryUtilization": 0.8}), MP_ALL | ARM, set()),
+    ("enforce eager off", dict(serve={"enforceEager": False}), MP_ALL | ARM, set()),
+    ("extra args", dict(serve={"extraArgs": ["--max-num-batched-tokens", "8192"]}), MP_ALL | ARM, set()),
+    ("api key", dict(apiKey="key-two"), MP_ALL | ARM, set()),
     ("one worker's env", dict(clusters=cluster(lambda c: c["nodes"][2].update(env={"NCCL_DEBUG": "INFO"}))),
-     MP_ALL, set()),
-    ("master port", dict(clusters=cluster(lambda c: c.update(mp={"masterPort": 29600}))), GUARDS | MP_ALL, set()),
+     MP_ALL | ARM, set()),
+    ("master port", dict(clusters=cluster(lambda c: c.update(mp={"masterPort": 29600}))),
+     GUARDS | MP_ALL | ARM | KEEPERS, set()),
     # Ray's ports are not mp's: the guard covers only what the ranks open.
     ("ray port", dict(clusters=cluster(lambda c: c["ray"].update(port=6390))), set(), set()),
-    ("weights path", dict(models=mp(lambda m: m["big"].update(path="/models/other"))), MP_ALL, set()),
+    ("weights path", dict(models=mp(lambda m: m["big"].update(path="/models/other"))), MP_ALL | ARM, set()),
     ("image", dict(models=mp(lambda m: m["big"].update(image="vllm:b"))),
-     MP_ALL | {"spark1-image", "spark2-image", "spark3-image"}, set()),
-    ("a node added", dict(clusters=FOUR_NODES, serve={"tensorParallel": 4}), MP_ALL,
+     MP_ALL | {"spark1-image", "spark2-image", "spark3-image"} | ARM | KEEPERS, set()),
+    ("a node added", dict(clusters=FOUR_NODES, serve={"tensorParallel": 4}), MP_ALL | ARM | {"watchdog-keeper-spark1"},
      {"spark4-docker", "spark4-image", "fabric-guard-spark4-rules", "vllm-rank-spark4-container",
-      "ranks-ready-spark4-gate"}),
+      "ranks-ready-spark4-gate", "watchdog-keeper-spark4"}),
 ]
 
 
@@ -116,6 +124,7 @@ def test_ray_to_mp_replaces_the_engine_and_keeps_nodes_and_images(tmp_path):
     before = deploy(tmp_path)
     after = deploy(tmp_path, models=mp())
     replaced, created, deleted = changes(before, after)
-    assert replaced == GUARDS | {"serve-ready-gate"}  # the guards: Ray's ports closed no more, the master port now
+    # The guards: Ray's ports closed no more, the master port now; the keepers keep the ranks now.
+    assert replaced == GUARDS | {"serve-ready-gate"} | ARM | KEEPERS
     assert created == MP_ALL - {"serve-ready-gate"}
     assert deleted == CONTAINERS | {"cluster-ready-gate", "vllm-serve-process"}

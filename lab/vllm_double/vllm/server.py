@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socketserver
+import subprocess
 import sys
 import threading
 import time
@@ -127,6 +128,33 @@ def _answer(config: ApiConfig, model: str, prompt: str, prompt_tokens: int, max_
     if max_tokens is not None and len(words) > max_tokens:
         return words[:max_tokens], "length"
     return words, "stop"
+
+
+# The engine core: a process of its own, as vLLM's (`VLLM::EngineCore` in its command line), that every completion
+# goes through and /health does not. SIGSTOP it and completions hang while /health answers; kill it and the API
+# server exits, as vLLM's does on EngineDeadError. It ends when its parent does (its stdin closes).
+_ENGINE_LOOP = "import sys\nfor line in sys.stdin:\n    sys.stdout.write(line)\n    sys.stdout.flush()\n"
+
+
+class EngineCore:
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", _ENGINE_LOOP, "VLLM::EngineCore"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lock = threading.Lock()
+
+    def step(self) -> bool:
+        """One round trip; False when the engine core is dead."""
+        with self.lock:
+            try:
+                self.proc.stdin.write("step\n")
+                self.proc.stdin.flush()
+                return self.proc.stdout.readline() == "step\n"
+            except (BrokenPipeError, ValueError):
+                return False
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
 def _digest(request: dict) -> str:
@@ -294,6 +322,13 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _ApiError(HTTPStatus.BAD_REQUEST, "The request body must be a JSON object")
             build = chat_generation if path == "/v1/chat/completions" else completion_generation
             generation = build(self.config, request)
+            if not self.server.engine.step():
+                logger.error("EngineCore encountered an issue. See stack trace for the root cause.")
+                threading.Thread(target=self.server.shutdown, daemon=True).start()
+                self.server.engine_dead = True
+                return self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {
+                    "message": "EngineCore encountered an issue.", "type": "EngineDeadError", "param": None,
+                    "code": 500}})
             if self.config.log_requests:
                 logger.info("Added request %s.", generation.id)
             self.config.stats.finished(generation.prompt_tokens, len(generation.words), generation.finish_reason)
@@ -377,6 +412,17 @@ class ApiServer:
 
     def serve(self, config: ApiConfig) -> None:
         self.httpd.api_config = config
+        self.httpd.engine, self.httpd.engine_dead = EngineCore(), False
+        stopping = threading.Event()
+
+        def watch_engine():  # vLLM's API server watches its engine core and shuts down when it dies
+            self.httpd.engine.proc.wait()
+            if not stopping.is_set():
+                logger.error("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
+                self.httpd.engine_dead = True
+                self.httpd.shutdown()
+
+        threading.Thread(target=watch_engine, daemon=True).start()
         self.httpd.server_activate()
         logger.info("Starting vLLM API server 0 on http://%s:%d", self.host, self.port)
         logger.info("Available routes are:")
@@ -393,8 +439,12 @@ class ApiServer:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         self.httpd.serve_forever(poll_interval=0.5)
+        stopping.set()
         _uvicorn(config, "info", "Shutting down")
         _uvicorn(config, "info", "Waiting for application shutdown.")
         _uvicorn(config, "info", "Application shutdown complete.")
         _uvicorn(config, "info", f"Finished server process [{pid}]")
         self.httpd.server_close()
+        self.httpd.engine.stop()
+        if self.httpd.engine_dead:
+            sys.exit(1)

@@ -30,6 +30,8 @@ TABLE = {
                 required_fields=frozenset({"label", "value"})),
     "networkMode": P(),
     "ipcMode": P(computed=True),
+    "pidMode": P(),
+    "init": P(),
     "shmSize": P(computed=True),
     "gpus": P(),
     "devices": P(is_set=True, fields=frozenset({"hostPath", "containerPath", "permissions"}),
@@ -116,12 +118,14 @@ def create_body(p: dict) -> dict:
         config["Labels"] = {item["label"]: item["value"] for item in p["labels"]}
     host = {
         "RestartPolicy": {"Name": p.get("restart", "no"), "MaximumRetryCount": p.get("maxRetryCount", 0)},
-        "Init": False,
+        "Init": bool(p.get("init", False)),
     }
     if "networkMode" in p:
         host["NetworkMode"] = p["networkMode"]
     if "ipcMode" in p:
         host["IpcMode"] = p["ipcMode"]
+    if "pidMode" in p:
+        host["PidMode"] = p["pidMode"]
     if "shmSize" in p:
         host["ShmSize"] = p["shmSize"] * 1024 * 1024
     if "gpus" in p:
