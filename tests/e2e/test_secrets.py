@@ -12,6 +12,7 @@ import secrets
 import socket
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 import openai
 import pytest
@@ -32,16 +33,16 @@ def all_cmdlines() -> str:
     return "\n".join(lines)
 
 
-@pytest.fixture(scope="module")
-def stack(lab2, tmp_path_factory):
-    s = LabStack(tmp_path_factory.mktemp("sec"), "sec", "lab", lab2)
+def with_secrets(s: LabStack) -> LabStack:
+    """The stack with the API key and the HF token set, as secrets."""
     s.pulumi("config", "set", "--secret", "spark-vllm:apiKey", API_KEY, check=True)
     s.pulumi("config", "set", "--secret", "spark-vllm:hfToken", HF_TOKEN, check=True)
-    yield s
-    s.pulumi("destroy", timeout=600)
+    return s
 
 
-def test_secrets_appear_nowhere_while_serving(stack):
+def up_showing_no_secret(stack: LabStack, more_places: Callable[[], dict[str, str]]) -> None:
+    """`preview` and `up`; then neither secret, nor a line of the SSH key, is in their output, the exported state,
+    any process command line on the machine and the nodes, or the texts `more_places()` reads after the up."""
     key_line = LAB_KEY.read_text().splitlines()[1]  # a line of the private key's body
     preview = stack.pulumi("preview", "--diff", check=True)
     up = stack.up()
@@ -50,11 +51,23 @@ def test_secrets_appear_nowhere_while_serving(stack):
         "up output": up.output,
         "exported state": stack.pulumi("stack", "export", check=True).output,
         "process command lines": all_cmdlines(),
-        "serve log": node_sh(1, "docker exec spark-vllm-sec-ray-head cat /var/log/spark-vllm/serve.log"),
+        **more_places(),
     }
     for secret in (API_KEY, HF_TOKEN, key_line):
         for place, text in places.items():
             assert secret not in text, f"a secret ({secret[:8]}…) appears in the {place}"
+
+
+@pytest.fixture(scope="module")
+def stack(lab2, tmp_path_factory):
+    s = with_secrets(LabStack(tmp_path_factory.mktemp("sec"), "sec", "lab", lab2))
+    yield s
+    s.pulumi("destroy", timeout=600)
+
+
+def test_secrets_appear_nowhere_while_serving(stack):
+    up_showing_no_secret(stack, lambda: {
+        "serve log": node_sh(1, "docker exec spark-vllm-sec-ray-head cat /var/log/spark-vllm/serve.log")})
     # Where the secrets do live: a root-only file in the head container, read by vLLM at start.
     assert node_sh(1, "docker exec spark-vllm-sec-ray-head stat -c %a /run/spark-vllm/serve.env").strip() == "600"
 
