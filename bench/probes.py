@@ -109,7 +109,8 @@ def _unix(rfc3339: str) -> float:
 
 
 def deployment(node: int, container: str) -> dict:
-    """What a Ray container runs with, minus what only names it (name, labels, id): for the parity check."""
+    """What a Ray container runs with, minus what only names it (name, labels, id) and spark-vllm's own log
+    volume: for the parity check."""
     info = json.loads(node_sh(node, f"docker inspect {container}"))[0]
     host = info["HostConfig"]
     return {
@@ -119,7 +120,9 @@ def deployment(node: int, container: str) -> dict:
         "env": sorted(e for e in info["Config"]["Env"] if not e.startswith("PATH=")),
         "network": host["NetworkMode"], "ipc": host["IpcMode"], "shm": host["ShmSize"],
         "ulimits": sorted((u["Name"], u["Soft"], u["Hard"]) for u in host.get("Ulimits") or []),
-        "mounts": sorted((m["Source"], m["Destination"], m["RW"]) for m in info["Mounts"]),
+        # spark-vllm's own volume (the serve log that outlives the container) feeds nothing to Ray or vLLM.
+        "mounts": sorted((m["Source"], m["Destination"], m["RW"]) for m in info["Mounts"]
+                         if not m.get("Name", "").startswith("spark-vllm-")),
         "devices": host.get("Devices") or [], "caps": host.get("CapAdd") or [],
         "restart": host["RestartPolicy"]["Name"] or "no",
     }
