@@ -29,6 +29,7 @@ from .watchdog_config import WatchdogSpec
 
 STATE_DIR = "/var/lib/spark-vllm"  # in the keeper; the node's Docker volume `volume_name(stack)`
 ARGV_FILE = PID_FILE.rsplit("/", 1)[0] + "/serve.argv"
+ARM_S = 60  # the arm's create: the leader takes the arm at its next tick
 DISARM_S = 300  # the arm's delete: a relaunch in progress aborts at its next step
 
 
@@ -121,7 +122,7 @@ class Watchdog(pulumi.ComponentResource):
             f"{name}-arm",
             connection=head.connection,
             create=token.apply(lambda t: bounded(shlex.join(["docker", "exec", keeper, "python3", "/keeper.py",
-                                                             "arm", t]), 60)),
+                                                             "arm", t, str(ARM_S)]), ARM_S + 30)),
             # A keeper that is not running (its node down) acts on nothing: there is nothing to disarm.
             delete=f'if [ "$({running} 2>/dev/null)" = true ]; then {bounded(disarm, DISARM_S + 30)}; fi',
             triggers=ids,

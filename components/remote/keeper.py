@@ -2,7 +2,8 @@
 deployment serving (docs/watchdog.md). Stdlib only; it drives its node's Docker Engine over the unix socket.
 
   python3 -c BOOT SOURCE CONFIG_JSON   the keeper (the container's command): SOURCE, copied to /keeper.py first
-  python3 /keeper.py arm TOKEN         (docker exec, by the arm resource) watch the deployment TOKEN names
+  python3 /keeper.py arm TOKEN TIMEOUT (docker exec, by the arm resource) watch the deployment TOKEN names;
+                                       waits until the leader does
   python3 /keeper.py disarm TIMEOUT    stop watching; waits for a relaunch in progress to end or abort
 
 The head's keeper leads: it probes the API with one real completion, watches the serve and every rank or Ray
@@ -467,8 +468,14 @@ BOOT = ("import sys; src = sys.argv[1]; open('/keeper.py', 'w').write(src); sys.
         "exec(compile(src, '/keeper.py', 'exec'))")
 
 
-def arm(state_dir, token):
+def arm(state_dir, token, timeout):
+    """Returns once the leader watches the deployment `token` names, so that `up` ends with the watchdog on."""
     write_json(os.path.join(state_dir, CONTROL), {"armed": True, "token": token})
+    deadline = now() + timeout
+    while not ((state := read_json(os.path.join(state_dir, STATE), {})).get("armed") and state.get("token") == token):
+        if now() > deadline:
+            sys.exit(f"the watchdog's leader did not arm within {timeout} s: see `docker logs` of its keeper")
+        time.sleep(0.5)
     print(f"watchdog armed for {token}")
 
 
@@ -486,7 +493,8 @@ def disarm(state_dir, timeout):
 def main(argv):
     if argv[0] in ("arm", "disarm"):
         state_dir = os.environ["SPARK_VLLM_STATE_DIR"]
-        return arm(state_dir, argv[1]) if argv[0] == "arm" else disarm(state_dir, float(argv[1]))
+        return (arm(state_dir, argv[1], float(argv[2])) if argv[0] == "arm"
+                else disarm(state_dir, float(argv[1])))
     cfg = json.loads(argv[0])
     (Leader if cfg["role"] == "leader" else Follower)(cfg).run()
 

@@ -121,7 +121,7 @@ def group(request, tmp_path, monkeypatch):
     for k in (leader, follower):
         threading.Thread(target=k.run, daemon=True).start()
     g = type("Group", (), dict(leader=leader, docker=docker, api=api, events=events, dir=lead_dir))
-    keeper.arm(str(lead_dir), "token-1")
+    keeper.arm(str(lead_dir), "token-1", 30)
     wait(lambda: leader.state.get("lastProbe"))
     return g
 
@@ -172,7 +172,7 @@ def test_a_crash_loop_gives_up_and_stays_down(group):
     assert len([e for e in group.events if e[0] == "start"]) == starts  # no third relaunch
     # Armed again (a new deployment), it relaunches what it stopped.
     group.docker.crash.clear()
-    keeper.arm(str(group.dir), "token-2")
+    keeper.arm(str(group.dir), "token-2", 30)
     wait(lambda: not group.leader.state.get("gave_up") and group.docker.up == {"rank0": True, "rank1": True})
 
 
