@@ -6,8 +6,12 @@
 #                                       (one argument a line), the env file, the log rotated
 # A missing pid file means there is no serve: `alive` fails, `stop` has nothing to do.
 action=$1 pid_file=$2 env_file=${3:-}
-# A zombie still answers kill -0: counted as dead (Docker's init reaps it, in a moment).
-running() { [ -e "/proc/$p" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$p/status" 2>/dev/null; }
+# Alive: the process has a state and it is not Z (a zombie still answers kill -0, until Docker's init reaps it).
+# One read of its status: a pid reaped between two reads would be counted alive (seen in CI on a busy node).
+running() {
+  state=$(sed -n 's/^State:[[:space:]]*\(.\).*/\1/p' "/proc/$p/status" 2>/dev/null)
+  [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+}
 stop() {
   kill -TERM "-$p" 2>/dev/null
   kill -CONT "-$p" 2>/dev/null  # a stopped (wedged) process acts on TERM only once continued

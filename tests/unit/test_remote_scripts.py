@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import random
 import subprocess
 import sys
 import threading
@@ -121,6 +122,32 @@ def test_serve_ctl_counts_a_zombie_as_dead(tmp_path):
     alive = subprocess.run(["sh", "-c", ctl, "serve-ctl", "alive", str(pid_file)], capture_output=True, text=True)
     assert alive.returncode != 0 and alive.stdout == ""
     child.wait()
+
+
+def test_serve_ctl_stop_is_not_fooled_by_a_serve_reaped_while_it_looks(tmp_path):
+    """CI saw `did not stop` a second after a stop began: the serve died, the check saw its zombie, and Docker's
+    init reaped it between the check's two reads of /proc, so the last check counted it alive. Here a busy
+    init reaps each serve 0-6 ms after it dies; with two reads about one stop in seven failed."""
+    ctl = (Path(cluster_ready.__file__).with_name("serve_ctl.sh")).read_text()
+    pid_file, env_file = tmp_path / "serve.pid", tmp_path / "serve.env"
+
+    def reap_late(serve: subprocess.Popen) -> None:
+        while running(str(serve.pid)):
+            time.sleep(0.0002)
+        time.sleep(random.uniform(0, 0.006))
+        serve.wait()
+
+    failed = []
+    for _ in range(50):
+        serve = subprocess.Popen(["setsid", "sh", "-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"])
+        threading.Thread(target=reap_late, args=(serve,), daemon=True).start()
+        time.sleep(0.05)
+        pid_file.write_text(str(serve.pid))
+        done = subprocess.run(["sh", "-c", ctl, "serve-ctl", "stop", str(pid_file), str(env_file)],
+                              capture_output=True, text=True, timeout=30)
+        failed += [done.stderr] if done.returncode else []
+        serve.wait()
+    assert failed == []
 
 
 class FakeVllm:
