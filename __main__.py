@@ -92,11 +92,15 @@ def mp_engine():
         for node in cluster.workers}}
     ids = [rank.container_id for rank in ranks.values()]
     # Without these, a rank that cannot reach the master (the seed's c10d failure: the master on the head's
-    # management address) would show only as a head that never loads, until the serve gate's long bound.
-    ranks_ready = [Gate(f"ranks-ready-{name}", GateArgs(
-        connection=sparks[name].connection, container=None, script="rank_ready.py",
-        args=rank_ready_args(cluster, name, rank.container_name), triggers=ids,
-        timeout_s=deployment.cluster_ready_timeout_s)) for name, rank in ranks.items()]
+    # management address) would show only as a head that never loads, until the serve gate's long bound. The
+    # head's comes first: it names that cause at once, where the workers' would each wait out their bound.
+    def rank_ready(name: str, after: tuple[Gate, ...]) -> Gate:
+        return Gate(f"ranks-ready-{name}", GateArgs(
+            connection=sparks[name].connection, container=None, script="rank_ready.py",
+            args=rank_ready_args(cluster, name, ranks[name].container_name), triggers=ids,
+            timeout_s=deployment.cluster_ready_timeout_s, after=after))
+    head_ready = rank_ready(cluster.head.name, ())
+    ranks_ready = [head_ready, *(rank_ready(node.name, (head_ready,)) for node in cluster.workers)]
     serve_ready = Gate("serve-ready", GateArgs(
         connection=head_spark.connection, container=None, script="serve_ready.py",
         args=serve_ready_args(cluster, serve, rank0=head.container_name),

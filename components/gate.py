@@ -28,6 +28,7 @@ class GateArgs:
     args: Sequence[str]  # the script's arguments, besides --timeout
     triggers: Sequence[pulumi.Input[str]]  # a change of any re-runs the gate
     timeout_s: int  # how long the script waits for readiness
+    after: Sequence[pulumi.Resource] = ()  # what must succeed before this gate runs
 
 
 class Gate(pulumi.ComponentResource):
@@ -50,6 +51,6 @@ class Gate(pulumi.ComponentResource):
             stdin=script(args.script),
             triggers=list(args.triggers),
             add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"]))
+            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"], depends_on=list(args.after)))
         self.ready_id = check.id
         self.register_outputs({"readyId": self.ready_id})

@@ -201,19 +201,19 @@ def test_the_weights_sync_restarts_only_on_its_own_inputs(mp):
 
 
 def test_master_on_the_management_ip_fails_bounded_and_named(mp):
-    """The seed's c10d failure: the head's fabricIp set to its management address, preflight off."""
+    """The seed's c10d failure: the head's fabricIp set to its management address, preflight off. The head's gate
+    names it before node2's gate starts, so the run ends well inside the gates' 60 s bound."""
     mp.set_config("preflight.enabled", "false")
     mp.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][0].update(fabricIp="172.29.87.11"))
     started = time.monotonic()
     run = mp.up(check=False, timeout=600)
     took = time.monotonic() - started
     print(f"master on the management IP: failed after {took:.1f}s")
-    assert run.returncode != 0 and took < 240, run.output
+    assert run.returncode != 0 and took < 60, run.output
     assert ("the master address 172.29.87.11 (the head node1's fabricIp) is not an address of enp1s0f1np1 on "
             "node1 (enp1s0f1np1 has 10.87.200.11)") in run.output, run.output
     assert "set node1's fabricIp to its address on enp1s0f1np1" in run.output
-    assert "node2 cannot reach the master at 172.29.87.11:29501" in run.output or \
-        "the rank on node2" in run.output, run.output
+    assert "node2 cannot reach the master" not in run.output, run.output
     mp.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][0].update(fabricIp="10.87.200.11"))
     mp.set_config("preflight.enabled", "true")
     mp.up()

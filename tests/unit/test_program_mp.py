@@ -105,6 +105,11 @@ def test_gates_run_on_the_nodes_bounded(rec):
     assert "--container=spark-vllm-test-vllm-rank0" in ready.inputs["create"]
     for node in ("spark1", "spark2", "spark3"):
         assert rec.by_name(f"ranks-ready-{node}-gate").urn in ready.dependencies
+    # The head's gate first: a master off the fabric is named there at once, not after the workers' bounds.
+    head_gate = rec.by_name("ranks-ready-spark1-gate")
+    assert not any("ranks-ready" in urn for urn in head_gate.dependencies)
+    for node in ("spark2", "spark3"):
+        assert head_gate.urn in rec.by_name(f"ranks-ready-{node}-gate").dependencies
 
 
 def test_the_guard_covers_the_master_port_and_the_ranks_random_ports(rec):
