@@ -69,6 +69,16 @@ def markdown(r: dict) -> str:
         made = max(st["end_s"] for st in s["steps"] if st["name"].endswith("-container"))
         out.append(f"| {n} | {s['steps'][0]['start_s']:.2f} | {made:.2f} | {took['cluster-ready-gate']:.2f} |"
                    f" {took['serve-ready-gate']:.2f} | {s['up_s']['median']:.2f} |")
+    out += ["", "Up from empty with `executor: mp` by cluster size: engine steps (median, seconds)", "",
+            "| N | first step at | rank containers created by | slowest ranks-ready gate | serve-ready gate"
+            " | whole up |",
+            "|---|---|---|---|---|---|"]
+    for n, s in sorted(f["mp"]["scaling"].items(), key=lambda kv: int(kv[0])):
+        took = {st["name"]: st["end_s"] - st["start_s"] for st in s["steps"]}
+        made = max(st["end_s"] for st in s["steps"] if st["name"].endswith("-container"))
+        ranks = max(t for name, t in took.items() if name.startswith("ranks-ready-"))
+        out.append(f"| {n} | {s['steps'][0]['start_s']:.2f} | {made:.2f} | {ranks:.2f} |"
+                   f" {took['serve-ready-gate']:.2f} | {s['up_s']['median']:.2f} |")
     out.append(f"\nUp from empty: the first resource step began {_s(b['first_step_s'])} after `pulumi up` started"
                " (CLI, language host, program, preflight).")
     fl = b["floors"]

@@ -42,3 +42,4 @@ def test_bench_quick_prints_the_table_and_writes_json(lab2, tmp_path):
     mp_steps = {s["name"] for s in f["mp"]["steps"]}
     assert {"vllm-rank-node1-container", "vllm-rank-node2-container", "ranks-ready-node2-gate",
             "serve-ready-gate"} <= mp_steps
+    assert "Up from empty with `executor: mp` by cluster size" in done.stdout
