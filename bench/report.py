@@ -61,24 +61,10 @@ def markdown(r: dict) -> str:
                 "| step | start | end | took |", "|---|---|---|---|"]
         out += [f"| {s['name']} ({s['op']}) | {s['start_s']:.2f} | {s['end_s']:.2f} | {s['end_s'] - s['start_s']:.2f} |"
                 for s in steps]
-    out += ["", "Up from empty by cluster size: engine steps (median, seconds)", "",
-            "| N | first step at | containers created by | cluster-ready gate | serve-ready gate | whole up |",
-            "|---|---|---|---|---|---|"]
-    for n, s in sorted(f["scaling"].items(), key=lambda kv: int(kv[0])):
-        took = {st["name"]: st["end_s"] - st["start_s"] for st in s["steps"]}
-        made = max(st["end_s"] for st in s["steps"] if st["name"].endswith("-container"))
-        out.append(f"| {n} | {s['steps'][0]['start_s']:.2f} | {made:.2f} | {took['cluster-ready-gate']:.2f} |"
-                   f" {took['serve-ready-gate']:.2f} | {s['up_s']['median']:.2f} |")
-    out += ["", "Up from empty with `executor: mp` by cluster size: engine steps (median, seconds)", "",
-            "| N | first step at | rank containers created by | slowest ranks-ready gate | serve-ready gate"
-            " | whole up |",
-            "|---|---|---|---|---|---|"]
-    for n, s in sorted(f["mp"]["scaling"].items(), key=lambda kv: int(kv[0])):
-        took = {st["name"]: st["end_s"] - st["start_s"] for st in s["steps"]}
-        made = max(st["end_s"] for st in s["steps"] if st["name"].endswith("-container"))
-        ranks = max(t for name, t in took.items() if name.startswith("ranks-ready-"))
-        out.append(f"| {n} | {s['steps'][0]['start_s']:.2f} | {made:.2f} | {ranks:.2f} |"
-                   f" {took['serve-ready-gate']:.2f} | {s['up_s']['median']:.2f} |")
+    out += _by_size("Up from empty by cluster size", f["scaling"], "containers created by", "cluster-ready gate",
+                    "cluster-ready-")
+    out += _by_size("Up from empty with `executor: mp` by cluster size", f["mp"]["scaling"],
+                    "rank containers created by", "slowest ranks-ready gate", "ranks-ready-")
     out.append(f"\nUp from empty: the first resource step began {_s(b['first_step_s'])} after `pulumi up` started"
                " (CLI, language host, program, preflight).")
     fl = b["floors"]
@@ -92,6 +78,21 @@ def markdown(r: dict) -> str:
         out += ["", "Seed vs spark-vllm containers and serve command: " + ("identical" if r["parity"] == "identical"
                                                                             else "DIFFERENT: " + r["parity"])]
     return "\n".join(out)
+
+
+def _by_size(title: str, scaling: dict, made_label: str, gate_label: str, gate_prefix: str) -> list[str]:
+    """A row a cluster size: when the first step began and the containers were made, what the slowest gate whose
+    name starts with `gate_prefix` and the serve-ready gate took, and the whole up."""
+    out = ["", f"{title}: engine steps (median, seconds)", "",
+           f"| N | first step at | {made_label} | {gate_label} | serve-ready gate | whole up |",
+           "|---|---|---|---|---|---|"]
+    for n, s in sorted(scaling.items(), key=lambda kv: int(kv[0])):
+        took = {st["name"]: st["end_s"] - st["start_s"] for st in s["steps"]}
+        made = max(st["end_s"] for st in s["steps"] if st["name"].endswith("-container"))
+        gate = max(t for name, t in took.items() if name.startswith(gate_prefix))
+        out.append(f"| {n} | {s['steps'][0]['start_s']:.2f} | {made:.2f} | {gate:.2f} |"
+                   f" {took['serve-ready-gate']:.2f} | {s['up_s']['median']:.2f} |")
+    return out
 
 
 def _counts(values: list[int]) -> str:
