@@ -3,12 +3,23 @@ program on the same backend. Per-step times come from the engine's event log, st
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import timing
-from labstack import LabStack
+from labstack import ENGINE_PATH, LabStack
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+
+def engine_env() -> dict[str, str]:
+    """The provider plugins (the doubles, or the real builds the e2e variables name) and the Pulumi CLI on PATH."""
+    cli = subprocess.run([str(ROOT / "scripts" / "install-pulumi")], check=True, text=True,
+                         stdout=subprocess.PIPE).stdout.strip()
+    return {"PATH": os.pathsep.join([*ENGINE_PATH, cli, os.environ["PATH"]])}
+
 
 SKIPPED_TYPES = ("pulumi:pulumi:Stack", "spark-vllm:index:")  # the stack and components: no work of their own
 

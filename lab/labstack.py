@@ -18,6 +18,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT_FILES = ("Pulumi.yaml", "__main__.py", "requirements.txt", "components", "catalog")
+# The provider plugins the engine finds first on PATH: the doubles, or real builds named by the same variables
+# as the contract suite's (a check by hand, docs/real-plugins.md).
+ENGINE_PATH = [str(Path(os.environ.get(var) or ROOT / "tests" / double / f"pulumi-resource-{name}").parent)
+               for var, double, name in (("SPARK_VLLM_DOCKER_PLUGIN", "docker_double", "docker"),
+                                         ("SPARK_VLLM_COMMAND_PLUGIN", "command_double", "command"))]
 
 
 @dataclass

@@ -5,18 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from labstack import ROOT, LabStack
-
-# The provider plugins the engine finds first on PATH: the doubles, or real builds named by the same variables
-# as the contract suite's (a check by hand, docs/real-plugins.md).
-ENGINE_PATH = [str(Path(os.environ.get(var) or ROOT / "tests" / double / f"pulumi-resource-{name}").parent)
-               for var, double, name in (("SPARK_VLLM_DOCKER_PLUGIN", "docker_double", "docker"),
-                                         ("SPARK_VLLM_COMMAND_PLUGIN", "command_double", "command"))]
-
+from labstack import ENGINE_PATH, ROOT, LabStack
 
 def lab(*args: str, timeout: float = 1800) -> str:
     done = subprocess.run([str(ROOT / "lab" / "lab"), *args], capture_output=True, text=True, timeout=timeout)
