@@ -18,7 +18,8 @@ from components.watchdog import Watchdog, WatchdogArgs
 from components.weights_sync import WeightsSync, WeightsSyncArgs
 
 deployment = pulumi_config.from_pulumi(Path(__file__).parent)
-facts = preflight.run(deployment)  # before any resource: a failed check leaves the stack as it was
+checked = preflight.run(deployment)  # before any resource: a failed check leaves the stack as it was
+facts, lives = checked.facts, checked.lives
 cluster, serve = deployment.cluster, deployment.serve
 stack_config = pulumi.Config(spec.NAMESPACE)
 private_key = pulumi.Output.secret(deployment.ssh_private_key) if deployment.ssh_private_key else None
@@ -26,7 +27,8 @@ private_key = pulumi.Output.secret(deployment.ssh_private_key) if deployment.ssh
 sparks = {
     node.name: SparkNode(node.name, SparkNodeArgs(node=node, ssh=cluster.ssh, image=serve.image,
                                                   jump=cluster.node(node.via) if node.via else None,
-                                                  private_key=private_key))
+                                                  private_key=private_key,
+                                                  image_found=preflight.image_found(facts, node)))
     for node in cluster.nodes
 }
 guards = {
@@ -46,12 +48,14 @@ SERVE_READY_ALIAS = pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vl
 def ray_engine():
     """Ray: a `ray start` container a node, Ray's own gate, then `vllm serve` in the head's container."""
     head = RayNode("ray-head", RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head,
-                                           spark=head_spark, guard=guards.get(cluster.head.name)))
+                                           spark=head_spark, guard=guards.get(cluster.head.name),
+                                           life=lives.engine(cluster.head.name)))
     workers = {
         node.name: RayNode(f"ray-worker-{node.name}",
                            RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=node,
                                        spark=sparks[node.name], head=head, guard=guards.get(node.name),
-                                       weights_synced=sync.synced[node.name] if sync else None))
+                                       weights_synced=sync.synced[node.name] if sync else None,
+                                       life=lives.engine(node.name)))
         for node in cluster.workers
     }
     cluster_ready = Gate("cluster-ready", GateArgs(
@@ -63,7 +67,7 @@ def ray_engine():
         cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
         cluster_ready_id=cluster_ready.ready_id,
         secrets={key: stack_config.require_secret(key) for key in deployment.secrets},
-        nodes={name: spark.connection for name, spark in sparks.items()}))
+        nodes={name: spark.connection for name, spark in sparks.items()}, life=lives.serve.token))
     serve_ready = Gate("serve-ready", GateArgs(
         connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
         args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],
@@ -84,11 +88,12 @@ def mp_engine():
                              [digest]) if serve.drop_page_cache else []
     head = MpRank(f"vllm-rank-{cluster.head.name}", MpRankArgs(
         stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head, spark=head_spark, digest=digest,
-        secrets=secrets, depends_on=(guards.get(cluster.head.name), *drops)))
+        secrets=secrets, depends_on=(guards.get(cluster.head.name), *drops), life=lives.serve.token))
     ranks = {cluster.head.name: head, **{
         node.name: MpRank(f"vllm-rank-{node.name}", MpRankArgs(
             stack=deployment.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name], digest=digest,
-            head=head, depends_on=(guards.get(node.name), sync.synced[node.name] if sync else None, *drops)))
+            head=head, depends_on=(guards.get(node.name), sync.synced[node.name] if sync else None, *drops),
+            life=lives.serve.token))
         for node in cluster.workers}}
     ids = [rank.container_id for rank in ranks.values()]
     # Without these, a rank that cannot reach the master (the seed's c10d failure: the master on the head's
@@ -115,7 +120,8 @@ if deployment.watchdog.enabled:
     Watchdog("watchdog", WatchdogArgs(
         stack=deployment.stack, cluster=cluster, serve=serve, watchdog=deployment.watchdog, sparks=sparks,
         containers={name: engine.container_name for name, engine in engines.items()}, guards=guards,
-        watched_ids=[*container_ids.values(), *serve_ids], serve_ready=serve_ready))
+        watched_ids=[*container_ids.values(), *serve_ids], serve_ready=serve_ready,
+        keeper_lives={name: life.token for name, life in lives.keepers.items()}, arm_life=lives.arm.token))
 
 # The URL is exported only once the model answers, so a stack output always points at a working endpoint.
 pulumi.export("baseUrl", serve_ready.ready_id.apply(

@@ -20,6 +20,7 @@ import pulumi
 import pulumi_docker as docker
 
 from .spec import ClusterSpec, NodeSpec, ServeSpec
+from .labels import life_labels
 from .ray_node import container_env, fabric_env, node_labels, runtime_settings
 from .spark_node import SparkNode
 from .vllm_serve import SECRET_ENV, serve_argv
@@ -64,6 +65,7 @@ class MpRankArgs:
     # rank 0 only: keys of SECRET_ENV; the values are Pulumi secrets
     secrets: Optional[Mapping[str, pulumi.Input[str]]] = None
     depends_on: tuple = ()  # the node's fabric guard and weights sync, the page-cache drops
+    life: Optional[str] = None  # the group's life token (components/liveness.py): a new one recreates every rank
 
 
 class MpRank(pulumi.ComponentResource):
@@ -77,7 +79,8 @@ class MpRank(pulumi.ComponentResource):
         super().__init__("spark-vllm:index:MpRank", name, None, opts)
         cluster, node = args.cluster, args.node
         labels = node_labels(args.stack, node, args.head.container_id if args.head else None,
-                             docker.ContainerLabelArgs(label="spark-vllm.ranks-digest", value=args.digest))
+                             docker.ContainerLabelArgs(label="spark-vllm.ranks-digest", value=args.digest),
+                             *life_labels(args.life))
         env = container_env(cluster, node, fabric_env)
         secrets = args.secrets or {}
         keys = sorted(secrets)

@@ -127,6 +127,48 @@ class Guard:
 
 
 @dataclass(frozen=True)
+class ContainerState:
+    """One of this stack's containers on the node, as Docker has it."""
+    id: str
+    running: bool
+    status: str  # Docker's word: running, exited, created, ...
+    exit_code: int = 0
+    finished_ago_s: Optional[int] = None  # seconds since it stopped, by the node's clock
+    life: Optional[str] = None  # its `spark-vllm.life` label (components/liveness.py)
+
+
+@dataclass(frozen=True)
+class Api:
+    """One completion asked of the API on the head."""
+    answered_s: Optional[float] = None  # it answered, in this time
+    refused: bool = False  # nothing listens yet: the serve is loading
+    failed: Optional[str] = None  # the HTTP error or the connection's
+    status: Optional[int] = None  # the HTTP status of a failed answer
+    timeout_s: Optional[float] = None  # no answer within this bound: a wedged engine
+
+
+@dataclass(frozen=True)
+class KeeperState:
+    """What the head's keeper last saved."""
+    armed: bool = False
+    token: Optional[str] = None  # what it was armed for
+    gave_up: Optional[str] = None  # "gave up after N restarts: <reason>"
+    phase: Optional[str] = None
+    unreadable: Optional[str] = None  # why its state could not be read
+
+
+@dataclass(frozen=True)
+class Running:
+    """What of this stack runs on the node: its containers by name; on the head, the serve and the API."""
+    containers: Mapping[str, ContainerState] = field(default_factory=dict)
+    serve_running: Optional[bool] = None  # Ray: `vllm serve` lives in the head container; None: not asked
+    serve_life: Optional[str] = None  # the life token kept beside it
+    api: Optional[Api] = None  # None: not asked (nothing that serves runs)
+    keeper: Optional[KeeperState] = None  # None: no keeper here
+    unavailable: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     ssh_error: Optional[str] = None  # SSH failed, so nothing was gathered
     probe_error: Optional[str] = None  # the probe did not run, so nothing was gathered
@@ -141,6 +183,7 @@ class NodeFacts:
     ports: Optional[Ports] = None
     guard: Optional[Guard] = None
     rsync: Optional[bool] = None  # whether rsync is installed, with preflight.syncWeights
+    running: Optional[Running] = None  # None when Docker does not answer
 
     @property
     def reachable(self) -> bool:
@@ -166,7 +209,8 @@ def parse(raw: Mapping[str, Any]) -> NodeFacts:
         memory=group("memory", Memory, lambda value: Memory(total_kib=value["totalKib"])) or Memory(),
         ports=group("ports", Ports, _ports),
         guard=group("guard", Guard, lambda value: Guard(hooked=tuple(value["hooked"]))),
-        rsync=raw.get("rsync"))
+        rsync=raw.get("rsync"),
+        running=group("running", Running, _running))
 
 
 def _docker(value: Mapping[str, Any]) -> Docker:
@@ -210,3 +254,16 @@ def _ports(value: Mapping[str, Any]) -> Ports:
         for holder in state.get("holders", ())), running=tuple(
         StackContainer(container=c["container"], stack=c["stack"]) for c in state.get("running", ())))
         for port, state in value.items()})
+
+
+def _running(value: Mapping[str, Any]) -> Running:
+    serve, api, keeper = value.get("serve"), value.get("api"), value.get("keeper")
+    return Running(
+        containers={name: ContainerState(id=c["id"], running=c["running"], status=c["status"],
+                                         exit_code=c.get("exitCode", 0), finished_ago_s=c.get("finishedAgo"),
+                                         life=c.get("life")) for name, c in value.get("containers", {}).items()},
+        serve_running=serve["running"] if serve else None, serve_life=serve.get("life") if serve else None,
+        api=Api(answered_s=api.get("answered"), refused=api.get("refused", False), failed=api.get("failed"),
+                status=api.get("status"), timeout_s=api.get("timeout")) if api else None,
+        keeper=KeeperState(armed=bool(keeper.get("armed")), token=keeper.get("token"), gave_up=keeper.get("gave_up"),
+                           phase=keeper.get("phase"), unreadable=keeper.get("unreadable")) if keeper else None)

@@ -15,6 +15,7 @@ import pulumi
 import pulumi_docker as docker
 
 from .spec import ClusterSpec, NodeSpec, ServeSpec
+from .labels import life_labels
 from .spark_node import SparkNode
 from .vllm_serve import LOG_FILE
 from .watchdog import volume_name
@@ -119,6 +120,7 @@ class RayNodeArgs:
     head: Optional["RayNode"] = None  # set for workers: ties them to one head
     guard: Optional[pulumi.Resource] = None  # the node's fabric guard: its rules go in before Ray opens a port
     weights_synced: Optional[pulumi.Resource] = None  # the node's weights sync: the weights are in place first
+    life: Optional[str] = None  # its life token (components/liveness.py): a new one recreates it
 
 
 class RayNode(pulumi.ComponentResource):
@@ -131,7 +133,8 @@ class RayNode(pulumi.ComponentResource):
     def __init__(self, name: str, args: RayNodeArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:RayNode", name, None, opts)
         cluster, node = args.cluster, args.node
-        labels = node_labels(args.stack, node, args.head.container_id if args.head else None)
+        labels = node_labels(args.stack, node, args.head.container_id if args.head else None,
+                             *life_labels(args.life))
         self.container_name = container_name(args.stack, node)
         settings = runtime_settings(cluster, args.serve)
         if node.head:

@@ -20,6 +20,7 @@ class SparkNodeArgs:
     image: str
     jump: Optional[NodeSpec] = None  # the node to hop through, when `node.via` is set
     private_key: Optional[pulumi.Input[str]] = None  # a secret; None uses the ssh agent
+    image_found: Optional[str] = None  # the image's id on the node as preflight found it; None: not checked
 
 
 class SparkNode(pulumi.ComponentResource):
@@ -45,8 +46,9 @@ class SparkNode(pulumi.ComponentResource):
         self.connection = command.remote.ConnectionArgs(host=node.ssh_host, port=node.ssh_port, user=node.ssh_user,
                                                         private_key=args.private_key, proxy=proxy)
         # Its id, not its tag, feeds the containers: a new image under the same tag replaces them. pulumi-docker
-        # reads the id again only on refresh, so that takes `pulumi up --refresh` (preflight shows the new id first).
+        # reads the id again only on refresh, so the id preflight just read on the node comes first.
         image = docker.RemoteImage(f"{name}-image", name=args.image, keep_locally=True,
                                    opts=pulumi.ResourceOptions(parent=self, provider=self.provider))
-        self.image_id = image.image_id
+        found = args.image_found
+        self.image_id = image.image_id.apply(lambda stored: found or stored)  # still after the image resource
         self.register_outputs({"host": self.host, "imageId": self.image_id})

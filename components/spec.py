@@ -73,6 +73,11 @@ class ClusterSpec:
     def total_gpus(self) -> int:
         return self.gpus_per_node * len(self.nodes)
 
+    @property
+    def api_host_on_node(self) -> str:
+        """Where a process on the head reaches the API: loopback when the API binds every address."""
+        return "127.0.0.1" if self.api_bind == "0.0.0.0" else self.api_bind
+
     def node(self, name: str) -> NodeSpec:
         return next(n for n in self.nodes if n.name == name)
 

@@ -25,3 +25,11 @@ def last_line(text: str, empty: str = "(no output)") -> str:
     """The last line that is not blank, stripped: where a failing command says why."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else empty
+
+
+def duration(seconds: float) -> str:
+    """A rough age: 35 s, 4 min, 3 h, 2 d."""
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= length:
+            return f"{seconds // length:.0f} {unit}"
+    return f"{seconds:.0f} s"

@@ -22,6 +22,7 @@ from .remote import script
 RUN_DIR = "/run/spark-vllm"
 PID_FILE = f"{RUN_DIR}/serve.pid"
 ENV_FILE = f"{RUN_DIR}/serve.env"
+LIFE_FILE = f"{RUN_DIR}/serve.life"  # its life token (components/liveness.py), which a relaunch keeps
 LOG_FILE = "/var/log/spark-vllm/serve.log"
 SECRET_ENV = {"apiKey": "VLLM_API_KEY", "hfToken": "HF_TOKEN"}
 
@@ -89,6 +90,7 @@ class VllmServeArgs:
     secrets: Mapping[str, pulumi.Input[str]]  # keys of SECRET_ENV; values are Pulumi secrets
     # Every node's connection, for serve.dropPageCache: each node's page cache is dropped before the serve starts.
     nodes: Mapping[str, command.remote.ConnectionArgs] = field(default_factory=dict)
+    life: Optional[str] = None  # its life token (components/liveness.py): a new one restarts it
 
 
 class VllmServe(pulumi.ComponentResource):
@@ -101,8 +103,9 @@ class VllmServe(pulumi.ComponentResource):
         keys = sorted(args.secrets)
         stdin = pulumi.Output.all(*(args.secrets[k] for k in keys)).apply(
             lambda values: start_script(dict(zip(keys, values))))
+        life = [args.life] if args.life else []
         create = shlex.join(["docker", "exec", "-i", args.head_container, "sh", "-s", "--",
-                             *serve_argv(args.serve, args.cluster)])
+                             *(f"--life={token}" for token in life), *serve_argv(args.serve, args.cluster)])
         drops = []
         if args.serve.drop_page_cache:
             # What replaces the serve replaces these too; the secrets enter only as a digest, itself a secret.
@@ -114,7 +117,7 @@ class VllmServe(pulumi.ComponentResource):
             create=create,
             delete=stop_command(args.head_container),
             stdin=stdin,
-            triggers=[args.cluster_ready_id],
+            triggers=[args.cluster_ready_id, *life],
             add_previous_output_in_env=False,
             # A fixed port and pid file: the old process must be gone before the new one starts.
             opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"], delete_before_replace=True,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 import pulumi
@@ -23,6 +23,7 @@ from .spec import ClusterSpec, NodeSpec, ServeSpec
 from .fabric_guard import chain_name
 from .remote import bounded, script
 from .remote.keeper import BOOT
+from .labels import life_labels
 from .spark_node import SparkNode
 from .vllm_serve import ENV_FILE, LOG_FILE, PID_FILE
 from .watchdog_config import WatchdogSpec
@@ -55,8 +56,7 @@ def keeper_config(stack: str, cluster: ClusterSpec, serve: ServeSpec, watchdog: 
         return {**cfg, "role": "follower", "leader": f"{cluster.head.fabric_ip}:{watchdog.port}"}
     w = watchdog
     cfg.update(role="leader", bind=node.fabric_ip, port=w.port, followers=[n.name for n in cluster.workers],
-               api={"host": "127.0.0.1" if cluster.api_bind == "0.0.0.0" else cluster.api_bind,
-                    "port": cluster.api_port, "model": serve.served_name},
+               api={"host": cluster.api_host_on_node, "port": cluster.api_port, "model": serve.served_name},
                watchdog={"interval": w.interval_s, "probeTimeout": w.probe_timeout_s, "failures": w.failures,
                          "backoffInitial": w.backoff_initial_s, "backoffMax": w.backoff_max_s,
                          "maxRestarts": w.max_restarts, "window": w.window_s, "loadTimeout": w.load_timeout_s})
@@ -78,6 +78,9 @@ class WatchdogArgs:
     # What `up` replaces: any change of these disarms first, and re-arms once the serve is ready again.
     watched_ids: list
     serve_ready: pulumi.Resource
+    # Life tokens (components/liveness.py): node -> its keeper's, and the arm's (kept in the token it arms with).
+    keeper_lives: Mapping[str, Optional[str]] = field(default_factory=dict)
+    arm_life: Optional[str] = None
 
 
 class Watchdog(pulumi.ComponentResource):
@@ -99,7 +102,8 @@ class Watchdog(pulumi.ComponentResource):
                 command=["-c", BOOT, script("keeper.py"), json.dumps(cfg, sort_keys=True)],
                 envs=[f"SPARK_VLLM_STATE_DIR={STATE_DIR}"],
                 labels=[docker.ContainerLabelArgs(label="spark-vllm.stack", value=args.stack),
-                        docker.ContainerLabelArgs(label="spark-vllm.role", value="keeper")],
+                        docker.ContainerLabelArgs(label="spark-vllm.role", value="keeper"),
+                        *life_labels(args.keeper_lives.get(node.name))],
                 network_mode="host",
                 # nsenter into the host's mount namespace runs the node's own iptables for the guard.
                 pid_mode="host",
@@ -114,7 +118,10 @@ class Watchdog(pulumi.ComponentResource):
                                             delete_before_replace=True, replace_on_changes=["*"],
                                             depends_on=[g for g in (args.guards.get(node.name),) if g]))
         ids = [*args.watched_ids, *(k.id for k in keepers.values())]
-        token = pulumi.Output.all(*ids).apply(lambda v: hashlib.sha256(json.dumps(v).encode()).hexdigest()[:16])
+        life = [args.arm_life] if args.arm_life else []
+        # The arm's life token rides in the token the leader keeps, where preflight reads it back.
+        token = pulumi.Output.all(*ids).apply(lambda v: ".".join(
+            [hashlib.sha256(json.dumps(v).encode()).hexdigest()[:16], *life]))
         head = args.sparks[cluster.head.name]
         running = shlex.join(["docker", "inspect", "-f", "{{.State.Running}}", keeper])
         disarm = shlex.join(["docker", "exec", keeper, "python3", "/keeper.py", "disarm", str(DISARM_S)])
@@ -125,7 +132,7 @@ class Watchdog(pulumi.ComponentResource):
                                                              "arm", t, str(ARM_S)]), ARM_S + 30)),
             # A keeper that is not running (its node down) acts on nothing: there is nothing to disarm.
             delete=f'if [ "$({running} 2>/dev/null)" = true ]; then {bounded(disarm, DISARM_S + 30)}; fi',
-            triggers=ids,
+            triggers=[*ids, *life],
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True, replace_on_changes=["*"],
                                         depends_on=[args.serve_ready]))

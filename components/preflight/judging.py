@@ -10,6 +10,7 @@ from typing import Any, Mapping, Optional
 from ..spec import Deployment, NodeSpec
 from ..node_facts import GpuSource, Model, NodeFacts
 from ..fabric_guard import GuardState, chain_name, guard_state
+from ..liveness import Lives
 from ..mp_rank import container_name as rank_container_name
 from ..ray_node import container_name
 from ..text import size
@@ -22,7 +23,8 @@ UNIFIED_UTILIZATION_LIMIT = 0.86
 # CUDA graph capture needs headroom beyond the KV cache; the seed's load was killed at 95 % without eager mode.
 EAGER_OFF_UTILIZATION_LIMIT = 0.80
 OVERHEAD_BYTES_PER_GPU = 4 * GIB  # CUDA context, activations and NCCL buffers: a rough estimate
-CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "weights", "memory", "ports", "guard")
+CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "weights", "memory", "ports", "guard",
+          "running")
 
 
 class Status(StrEnum):
@@ -49,7 +51,7 @@ def ssh_target(node: NodeSpec) -> str:
     return f"ssh {node.ssh_user}@{node.ssh_host}{port}" + (f" via {node.via}" if node.via else "")
 
 
-def evaluate(deployment: Deployment, by_node: dict[str, NodeFacts]) -> list[Finding]:
+def evaluate(deployment: Deployment, by_node: dict[str, NodeFacts], lives: Lives) -> list[Finding]:
     cluster = deployment.cluster
     findings = [check_ssh(node, by_node[node.name]) for node in cluster.nodes]
     reachable = {name: facts for name, facts in by_node.items() if facts.reachable}
@@ -65,6 +67,7 @@ def evaluate(deployment: Deployment, by_node: dict[str, NodeFacts]) -> list[Find
             findings.append(check_ports(deployment, node, facts))
         if cluster.fabric_guard:
             findings.append(check_guard(deployment, node, facts))
+        findings.append(check_running(node, facts, lives))
     order = {name: i for i, name in enumerate(CHECKS)}
     nodes_order = {n.name: i for i, n in enumerate(cluster.nodes)}
     return sorted(findings, key=lambda x: (nodes_order[x.node], order[x.check]))
@@ -471,3 +474,19 @@ def check_guard(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Fin
                        f"chain {', '.join(hooked)} guards other ports; `up` puts {chain} in first, then removes it")
     return Finding(node.name, "guard", Status.OK, f"the rules that close Ray's ports to all but "
                                                   f"{cluster.fabric_interface} are not in place; `up` applies them")
+
+
+def check_running(node: NodeSpec, facts: NodeFacts, lives: Lives) -> Finding:
+    """What of the deployment runs here; what died since the last `up` is a warning, as `up` recreates it."""
+    running = facts.running
+    if running is None:
+        return _could_not(node.name, "running", "Docker does not answer")
+    if running.unavailable:
+        # Unknown is not dead: restarting everything on a hiccup would be worse than stopping here.
+        return Finding(node.name, "running", Status.FAIL, f"could not read what runs: {running.unavailable}",
+                       "check Docker on the node, then run again")
+    dead, alive = lives.dead.get(node.name, ()), lives.alive.get(node.name, ())
+    if dead:
+        return Finding(node.name, "running", Status.WARN, "; ".join(dead + alive),
+                       "`pulumi up` recreates what died, and what depends on it")
+    return Finding(node.name, "running", Status.OK, "; ".join(alive) or "nothing of this stack runs here")

@@ -10,13 +10,19 @@ import time
 from .. import node_runner
 from ..spec import Deployment, NodeSpec
 from ..fabric_guard import chain_prefix
+from ..mp_rank import container_name as rank_name
 from ..node_facts import NodeFacts, parse
+from ..ray_node import container_name as ray_name
 from ..remote import script
+from ..remote.keeper import STATE
 from ..text import last_line
+from ..vllm_serve import ENV_FILE, LIFE_FILE, PID_FILE
+from ..watchdog import STATE_DIR, keeper_name
 
 MARK = "SPARK_VLLM_PREFLIGHT "
 STEP_TIMEOUT_S = 15  # each command of the probe; the image check starts Python in the image, so it gets more
 IMAGE_TIMEOUT_S = 40
+API_TIMEOUT_S = 20  # the one completion asked of a running deployment: a healthy engine answers in well under 1 s
 
 
 def probe_spec(deployment: Deployment, node: NodeSpec) -> dict:
@@ -28,7 +34,27 @@ def probe_spec(deployment: Deployment, node: NodeSpec) -> dict:
             "guard": {"script": script("fabric_guard.sh"), "prefix": chain_prefix(deployment.stack)}
             if cluster.fabric_guard else None,
             "gpuProbe": cluster.gpu_probe, "dockerGpus": cluster.docker_gpus, "hashWeights": preflight.hash_weights,
-            "syncWeights": preflight.sync_weights, "stepTimeout": STEP_TIMEOUT_S, "imageTimeout": IMAGE_TIMEOUT_S}
+            "syncWeights": preflight.sync_weights, "stepTimeout": STEP_TIMEOUT_S, "imageTimeout": IMAGE_TIMEOUT_S,
+            "running": running_spec(deployment, node)}
+
+
+def running_spec(deployment: Deployment, node: NodeSpec) -> dict:
+    """What the probe reads of what runs (components/liveness.py): the stack's containers; on the head, the serve
+    (Ray), one completion, and the keeper's state."""
+    spec: dict = {"stack": deployment.stack}
+    if not node.head:
+        return spec
+    cluster, serve = deployment.cluster, deployment.serve
+    if serve.executor == "ray":
+        spec["serve"] = {"container": ray_name(deployment.stack, node), "ctl": script("serve_ctl.sh"),
+                         "pidFile": PID_FILE, "lifeFile": LIFE_FILE, "envFile": ENV_FILE}
+    else:
+        spec["rank0"] = rank_name(deployment.stack, cluster, node)
+    spec["api"] = {"host": cluster.api_host_on_node, "port": cluster.api_port, "model": serve.served_name,
+                   "timeout": min(API_TIMEOUT_S, deployment.preflight.timeout_s // 2)}
+    if deployment.watchdog.enabled:
+        spec.update(keeper=keeper_name(deployment.stack), keeperState=f"{STATE_DIR}/{STATE}")
+    return spec
 
 
 def probe(deployment: Deployment, node: NodeSpec) -> NodeFacts:

@@ -6,13 +6,18 @@ gathered (a tool is missing, permission is denied) is reported as {"unavailable"
 """
 
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
 
 MARK = "SPARK_VLLM_PREFLIGHT "
 # Run inside the image: what `vllm serve` will import, and the architectures its registry knows.
@@ -277,6 +282,109 @@ def guard(spec):
     return {"hooked": out.split()}
 
 
+def running(spec):
+    """This stack's containers on the node as Docker has them, in any state; on the head, the serve too: whether it
+    runs, and whether it answers one completion. What `preview` compares with what the state believes."""
+    spec = {**spec["running"], "stepTimeout": spec["stepTimeout"]}
+    rc, out, err = sh(["docker", "ps", "-a", "-q", "--no-trunc", "--filter", f"label=spark-vllm.stack={spec['stack']}"],
+                      spec["stepTimeout"])
+    if rc != 0:
+        raise Unavailable(f"`docker ps` failed: {error_line(err)}")
+    containers = {}
+    if out.split():
+        rc, out, err = sh(["docker", "inspect", *out.split()], spec["stepTimeout"])
+        if not out.strip().startswith("["):  # one removed since `docker ps` only fails its own entry
+            raise Unavailable(f"`docker inspect` failed: {error_line(err)}")
+        for c in json.loads(out):
+            state, labels = c["State"], c["Config"].get("Labels") or {}
+            containers[c["Name"].lstrip("/")] = {
+                "id": c["Id"], "running": state["Running"], "status": state["Status"], "exitCode": state["ExitCode"],
+                "finishedAgo": _ago(state.get("FinishedAt")), "life": labels.get("spark-vllm.life"),
+                "env": c["Config"].get("Env") or []}
+    facts = {"containers": {name: {k: v for k, v in c.items() if k != "env"} for name, c in containers.items()}}
+    key = None
+    serve = spec.get("serve")
+    if serve and containers.get(serve["container"], {}).get("running"):
+        facts["serve"], key = _serve(spec, serve)
+    rank0 = spec.get("rank0")
+    if rank0 and containers.get(rank0, {}).get("running"):
+        key = next((e.split("=", 1)[1] for e in containers[rank0]["env"] if e.startswith("VLLM_API_KEY=")), None)
+    serving = facts.get("serve", {}).get("running") or (rank0 and containers.get(rank0, {}).get("running"))
+    if spec.get("api") and serving:
+        facts["api"] = _completion(spec["api"], key)
+    keeper = spec.get("keeper")
+    if keeper and keeper in containers:
+        facts["keeper"] = _keeper_state(spec, keeper)
+    return facts
+
+
+def _ago(stamp):
+    """Seconds since a Docker time (RFC 3339, nanoseconds), by this node's clock; None for Docker's zero time."""
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    when = datetime.fromisoformat(re.sub(r"\.(\d{6})\d*", r".\1", stamp).replace("Z", "+00:00"))
+    return round((datetime.now(timezone.utc) - when).total_seconds())
+
+
+# In the Ray head: the serve's pid (serve_ctl.sh alive), then its life token, then the API key line of its env file.
+SERVE_STATE = 'p=$(sh -c "$1" serve-ctl alive "$2") || exit 3; echo "$p"; cat "$3" 2>/dev/null; echo; ' \
+              'grep "^VLLM_API_KEY=" "$4" 2>/dev/null; exit 0'
+
+
+def _serve(spec, serve):
+    """({"running", "life"}, the API key or None) of the serve in the Ray head container."""
+    rc, out, err = sh(["docker", "exec", serve["container"], "sh", "-c", SERVE_STATE, "serve-state", serve["ctl"],
+                       serve["pidFile"], serve["lifeFile"], serve["envFile"]], spec["stepTimeout"])
+    if rc == 3:
+        return {"running": False}, None
+    if rc != 0:
+        raise Unavailable(f"`docker exec {serve['container']}` failed: {error_line(err or out)}")
+    lines = out.split("\n")
+    key = next((line.split("=", 1)[1][1:-1].replace("'\\''", "'") for line in lines[2:]
+                if line.startswith("VLLM_API_KEY=")), None)
+    return {"running": True, "life": lines[1].strip() or None}, key
+
+
+def _completion(api, key):
+    """One real completion: {"answered": seconds}, or why not: refused (nothing listens yet: loading), failed or
+    timeout."""
+    body = json.dumps({"model": api["model"], "prompt": "ping", "max_tokens": 1}).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(f"http://{api['host']}:{api['port']}/v1/completions", body, headers)
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=api["timeout"]) as r:
+            json.load(r)
+        return {"answered": round(time.monotonic() - start, 3)}
+    except urllib.error.HTTPError as e:
+        return {"failed": f"HTTP {e.code} {e.reason}", "status": e.code}
+    except ConnectionRefusedError:
+        return {"refused": True}
+    except (OSError, ValueError) as e:
+        if "timed out" in str(e).lower():
+            return {"timeout": api["timeout"]}
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, ConnectionRefusedError):
+            return {"refused": True}
+        return {"failed": f"{type(reason).__name__}: {reason}"}
+
+
+def _keeper_state(spec, keeper):
+    """What the head's keeper last saved (components/remote/keeper.py): armed, for what, gave up, its phase. `docker
+    cp` reads a stopped container's volume too, and needs no access to Docker's own folders."""
+    try:
+        done = subprocess.run(["docker", "cp", f"{keeper}:{spec['keeperState']}", "-"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=spec["stepTimeout"])
+    except subprocess.TimeoutExpired:
+        return {"unreadable": f"`docker cp` gave no answer within {spec['stepTimeout']} s"}
+    if done.returncode != 0:
+        return {"unreadable": error_line(done.stderr.decode(errors="replace"))}
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+        member = tar.extractfile(tar.getmembers()[0])
+        state = json.load(member) if member is not None else {}
+    return {k: state.get(k) for k in ("armed", "token", "gave_up", "phase")}
+
+
 TIMINGS: dict[str, float] = {}  # seconds per fact, reported so slow nodes show which step was slow
 
 
@@ -310,6 +418,8 @@ def main():
         facts["ports"] = gather("ports", ports, spec)
     if spec["guard"]:
         facts["guard"] = gather("guard", guard, spec)
+    if docker_ok:
+        facts["running"] = gather("running", running, spec)
     facts["timings"] = TIMINGS
     print(MARK + json.dumps(facts))
 

@@ -1,6 +1,7 @@
 # The `vllm serve` that serve_start.sh started, by its pid file:
 #   alive PID_FILE                      prints the pid and exits 0 while the process lives
-#   stop PID_FILE ENV_FILE              stops its whole process group, TERM first, KILL after 60 s; removes both files
+#   stop PID_FILE ENV_FILE              stops its whole process group, TERM first, KILL after 60 s; removes both
+#                                       files and the life token beside the pid file
 #   stop-keep PID_FILE ENV_FILE         the same, keeping the env file (the watchdog relaunches with it)
 #   relaunch PID_FILE ENV_FILE ARGV_FILE LOG   stop-keep, then the same serve again: the argv serve_start.sh kept
 #                                       (one argument a line), the env file, the log rotated
@@ -32,7 +33,7 @@ else
 fi
 rm -f "$pid_file"
 case $action in
-  stop) rm -f "$env_file" ;;
+  stop) rm -f "$env_file" "${pid_file%.pid}.life" ;;
   relaunch)
     argv_file=$4 log=$5
     set --

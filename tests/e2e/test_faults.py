@@ -81,7 +81,8 @@ def test_a_killed_up_is_recovered_by_the_documented_commands(stack):
 
 @pytest.mark.parametrize("node", [2, 1], ids=["worker node", "head node"])
 def test_a_rebooted_node_is_repaired_by_up_refresh(stack, node):
-    """The refresh reads the stopped container (mustRun false); `up` replaces it, then the gate and the serve."""
+    """The refresh reads the stopped container (mustRun false); `up` replaces it, then the gate and the serve.
+    (A plain `up` does the same: tests/e2e/test_day_two.py.)"""
     before = stack.outputs()["containerIds"]
     subprocess.run(["docker", "restart", f"svl-lab-node{node}"], check=True, capture_output=True, timeout=120)
     wait_for_ssh(stack, node)

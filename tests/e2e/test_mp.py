@@ -76,9 +76,9 @@ def test_status_shows_every_rank_and_the_serve(mp):
     assert "ray nodes" not in done.stdout and "vllm serve process" not in done.stdout
 
 
-def test_a_dead_rank_is_found_by_status_and_repaired_by_its_command(mp):
-    """A rank that dies takes rank 0 with it (vLLM's head exits when a rank is lost); status names both, and the
-    command it prints starts them again."""
+def test_a_dead_rank_is_found_by_status_and_repaired_by_up(mp):
+    """A rank that dies takes rank 0 with it (vLLM's head exits when a rank is lost); status names both, and a
+    plain `up` recreates every rank."""
     node_sh(2, f"docker kill {RANK1}")
     deadline = time.monotonic() + 60
     while containers(1) != [RANK0, "exited"]:
@@ -89,8 +89,9 @@ def test_a_dead_rank_is_found_by_status_and_repaired_by_its_command(mp):
     assert re.search(rf"container {RANK1}\s+FAIL  exited", done.stdout), done.stdout
     assert re.search(rf"container {RANK0}\s+FAIL  exited", done.stdout), done.stdout
     assert re.search(r"rank node2 reaches the master\s+FAIL  the rank on node2 .* exited", done.stdout), done.stdout
-    assert "`pulumi up --refresh` rebuilds what is missing" in done.stdout
-    mp.up("--refresh")
+    assert "`pulumi up` recreates it and what depends on it" in done.stdout
+    assert planned(mp.pulumi("preview", check=True)) == ALL_RANKS
+    mp.up()
     done = status(mp)
     assert done.returncode == 0, done.stdout + done.stderr
 

@@ -1,5 +1,5 @@
-"""A vLLM that dies after it was ready: `pulumi up --refresh` cannot see it (remote.Command has no Read);
-scripts/status does, and the one command it prints repairs it."""
+"""A vLLM that dies after it was ready: remote.Command has no Read, so `--refresh` cannot see it; scripts/status and
+a plain `preview` do (preflight's probe), and a plain `up` repairs it."""
 
 from __future__ import annotations
 
@@ -36,16 +36,18 @@ def test_status_reports_every_layer_healthy(stack):
         assert re.search(rf"{re.escape(layer)}\s+ok ", done.stdout), done.stdout
 
 
-def test_a_dead_vllm_is_found_by_status_and_repaired_by_its_command(stack):
+def test_a_dead_vllm_is_found_by_status_and_preview_and_repaired_by_up(stack):
     node_sh(1, f"docker exec {HEAD} sh -c 'kill -KILL -$(cat /run/spark-vllm/serve.pid)'")
-    # The engine cannot see it: the serve is a command, and commands have no Read.
-    stack.up("--refresh", "--expect-no-changes")
     done = status(stack)
     assert done.returncode == 1
     assert re.search(r"vllm serve process\s+FAIL", done.stdout), done.stdout
     assert re.search(r"ray nodes by fabric IP\s+ok ", done.stdout), done.stdout
-    urn = re.search(r"pulumi up --replace '([^']+)'", done.stdout).group(1)
-    stack.up("--replace", urn)
+    assert "`pulumi up` recreates it" in done.stdout
+    # The engine cannot see it (commands have no Read); preflight can, and says so.
+    preview = stack.pulumi("preview", check=True)
+    assert planned(preview) == {"vllm-serve-process": "replace", "serve-ready-gate": "replace"}
+    assert "node1: vllm serve is not running: the serve will be restarted" in preview.output, preview.output
+    stack.up()
     assert status(stack).returncode == 0
     out = stack.outputs()
     assert chat(out["baseUrl"], out["servedModel"])["choices"][0]["message"]["content"]

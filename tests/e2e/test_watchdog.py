@@ -222,8 +222,12 @@ def test_a_crash_loop_ends_in_gave_up_with_the_reason(wd):
         assert re.search(r"watchdog\s+FAIL\s+gave up after 2 restarts", shown), shown
     finally:
         node_sh(1, "mv /models/lab-tiny/config.json.away /models/lab-tiny/config.json")
-    # README: once the cause is fixed, re-arm the watchdog (scripts/status prints how); it relaunches what it stopped.
-    wd.up("--replace", re.search(r"pulumi up --replace '([^']+watchdog-arm)'", shown).group(1))
+    # Once the cause is fixed, a plain `up` relaunches what the watchdog stopped and arms it again; preview says why.
+    preview = wd.pulumi("preview", check=True)
+    assert "(the watchdog gave up after 2 restarts: " in preview.output, preview.output
+    assert re.search(r"the watchdog gave up after 2 restarts: .*: up arms it again", preview.output), preview.output
+    assert planned(preview).get("watchdog-arm") == "replace", planned(preview)
+    wd.up()
     deadline = time.monotonic() + RECOVERY_S
     while not (answers(wd, 5) and state(wd).get("phase") == "watching"):
         assert time.monotonic() < deadline, (state(wd), logs(wd))

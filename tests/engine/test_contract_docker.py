@@ -79,14 +79,26 @@ def test_a_mount_change_is_planned_in_place(plugin, busybox, container_name, tmp
 
 
 @pytest.mark.parametrize("change", [
-    {"envs": ["A=2"]}, {"labels": [{"label": "l", "value": "2"}]}, {"command": ["sleep", "601"]},
-    {"ulimits": [{"name": "nofile", "soft": 1024, "hard": 2048}]}], ids=["envs", "labels", "command", "ulimits"])
+    {"envs": ["A=2"]}, {"labels": [{"label": "l", "value": "2"}]},
+    {"labels": [{"label": "l", "value": "1"}, {"label": "spark-vllm.life", "value": "20261204T120000Z"}]},
+    {"command": ["sleep", "601"]}, {"ulimits": [{"name": "nofile", "soft": 1024, "hard": 2048}]}],
+    ids=["envs", "labels", "a label added", "command", "ulimits"])
 def test_other_changes_replace(plugin, busybox, container_name, change):
     base = sleeper(container_name, busybox[1], envs=["A=1"], labels=[{"label": "l", "value": "1"}],
                    ulimits=[{"name": "nofile", "soft": 1024, "hard": 1024}])
     cid, outputs, _ = created(plugin, base)
     changes, replaced = replaces(plugin, cid, outputs, {**base, **change})
     assert changes == SOME and replaced == list(change)
+
+
+@pytest.mark.parametrize("by_hand", ["docker rm -f", "docker kill"])
+def test_a_container_removed_or_stopped_by_hand_is_deleted_without_error(plugin, busybox, container_name, by_hand):
+    """Day two replaces a dead container without a refresh (components/liveness.py): the delete of the one in the
+    state must succeed when it is gone or stopped, or the repair would fail on what it repairs."""
+    cid, outputs, _ = created(plugin, sleeper(container_name, busybox[1]))
+    subprocess.run([*by_hand.split(), container_name], check=True, capture_output=True)
+    plugin.delete(CONTAINER, cid, outputs)
+    assert docker_cli.inspect("container", cid) is None
 
 
 def test_capabilities_are_read_back_with_the_cap_prefix(plugin, busybox, container_name):

@@ -17,7 +17,7 @@ import sys
 import pulumi
 import pytest
 
-from components import loader, node_runner, preflight, spec, weight_manifests
+from components import liveness, loader, node_runner, preflight, spec, weight_manifests
 from components.fabric_guard import GuardState, guard_state
 from components.node_facts import Docker, parse
 from components.preflight import probing as preflight_probe
@@ -65,6 +65,7 @@ def healthy() -> dict:
             "model": {"exists": True, "files": copy.deepcopy(MODEL_FILES), "config": dict(MODEL_CONFIG)},
             "memory": {"totalKib": 128 * 1024 * 1024},
             "guard": {"hooked": ["svl-test-0f042094"]},
+            "running": {"containers": {}},  # nothing deployed yet
         }
     facts["spark1"]["ports"] = {"6379": {"free": True}, "8265": {"free": True}, "8000": {"free": True},
                                 "29511": {"free": True}}
@@ -77,7 +78,7 @@ def typed(facts: dict) -> dict:
 
 
 def judged(d, facts) -> dict[tuple[str, str], Finding]:
-    return {(f.node, f.check): f for f in evaluate(d, typed(facts))}
+    return {(f.node, f.check): f for f in evaluate(d, typed(facts), liveness.judge(d, typed(facts)))}
 
 
 def one(d, facts, node, check) -> tuple[str, str, str]:
@@ -105,6 +106,8 @@ def test_a_healthy_cluster_passes_every_check_on_every_node(tmp_path):
     assert table[("spark2", "memory")].reason == (f"needs about 10.7 GiB ({NEED}) of 108.8 GiB (0.85 x 128.0 GiB)")
     assert table[("spark1", "ports")].reason == ("6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; "
                                                  "29511 (watchdog) free")
+    assert table[("spark1", "running")].reason == ("spark-vllm-test-ray-head is not on spark1: up creates it; "
+                                                   "spark-vllm-test-keeper is not on spark1: up creates it")
 
 
 def test_the_ssh_row_names_the_slowest_step_of_the_probe(tmp_path):
@@ -792,12 +795,12 @@ def test_without_the_guard_there_is_no_guard_row_and_no_probe_for_it(tmp_path):
 def test_the_table_lists_every_finding_with_its_fix(tmp_path):
     d, facts = deployment(tmp_path), healthy()
     facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
-    lines = render(evaluate(d, typed(facts))).splitlines()
+    lines = render(evaluate(d, typed(facts), liveness.judge(d, typed(facts)))).splitlines()
     assert lines[0].split() == ["node", "check", "result"]
     assert "spark2  weights       FAIL    spark2 lacks model-00003-of-00003.safetensors. Fix: " + RSYNC in lines
     assert ("spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; "
             "29511 (watchdog) free") in lines
-    assert len(lines) == 1 + 3 * 9 + 1
+    assert len(lines) == 1 + 3 * 10 + 1
 
 
 def test_a_failure_stops_the_program_before_any_resource_with_the_whole_table(tmp_path, monkeypatch):
@@ -829,8 +832,8 @@ def test_run_returns_every_nodes_facts_for_the_sync(tmp_path, monkeypatch):
     facts = healthy()
     monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
     d = deployment(tmp_path, syncWeights=True)
-    assert preflight.run(d) == typed(facts)
-    assert preflight.run(deployment(tmp_path / "off", enabled=False)) == {}
+    assert preflight.run(d).facts == typed(facts)
+    assert preflight.run(deployment(tmp_path / "off", enabled=False)) == preflight.Checked()
 
 
 def test_preflight_off_probes_nothing(tmp_path, monkeypatch):
