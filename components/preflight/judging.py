@@ -408,7 +408,8 @@ def check_ports(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Fin
     names = cluster.head_ports
     own_names = {name for n in cluster.nodes
                  for name in (container_name(deployment.stack, n), rank_container_name(deployment.stack, cluster, n))}
-    status, reasons, fixes = Status.OK, [], []
+    status, reasons = Status.OK, []
+    fixes: dict[str, list[str]] = {}  # what to do -> the keys whose change would do instead, once each
     for port, (what, key) in names.items():
         state, label = ports.by_port[port], f"{port} ({what})"
         if state.free:
@@ -424,14 +425,14 @@ def check_ports(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Fin
                 named = f"stack {stacks[0]} runs" if len(stacks) == 1 else f"stacks {', '.join(stacks)} run"
                 reasons.append(f"{label} is in use while {named} here ({', '.join(c.container for c in others)}; "
                                "ss names a port's owner only to root)")
-                fixes.append(f"destroy {'that stack' if len(stacks) == 1 else 'those stacks'} first ("
-                             + ", ".join(f"`pulumi destroy -s {stack}`" for stack in stacks) + f"), or change {key}")
+                fixes.setdefault(f"destroy {'that stack' if len(stacks) == 1 else 'those stacks'} first ("
+                                 + ", ".join(f"`pulumi destroy -s {stack}`" for stack in stacks) + ")", []).append(key)
             elif mine:
                 reasons.append(f"{label} in use while this stack's {mine[0].container} runs")
             else:
                 status = Status.FAIL if status is Status.FAIL else Status.WARN
                 reasons.append(f"could not check: {label} is in use, and ss shows its owner only to root")
-                fixes.append(f"see who holds it: `sudo ss -tlnp 'sport = :{port}'`")
+                fixes.setdefault(f"see who holds it: `sudo ss -tlnp 'sport = :{port}'`", [])
             continue
         holders = [h for h in state.holders if not h.exiting]
         if not holders:
@@ -446,14 +447,15 @@ def check_ports(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Fin
         if holder.stack:
             reasons.append(f"{label} is held by {holder.process} (pid {holder.pid}) in {holder.container} of stack "
                            f"{holder.stack}")
-            fixes.append(f"destroy that stack first (`pulumi destroy -s {holder.stack}`), or change {key}")
+            fixes.setdefault(f"destroy that stack first (`pulumi destroy -s {holder.stack}`)", []).append(key)
         elif holder.container:
             reasons.append(f"{label} is held by {holder.process} (pid {holder.pid}) in container {holder.container}")
-            fixes.append(f"stop it (`docker stop {holder.container}`), or change {key}")
+            fixes.setdefault(f"stop it (`docker stop {holder.container}`)", []).append(key)
         else:
             reasons.append(f"{label} is held by {holder.process} (pid {holder.pid}), outside any container")
-            fixes.append(f"stop that process, or change {key}")
-    return Finding(node.name, "ports", status, "; ".join(reasons), "; ".join(fixes))
+            fixes.setdefault(f"stop pid {holder.pid}", []).append(key)
+    return Finding(node.name, "ports", status, "; ".join(reasons), "; ".join(
+        action + (f", or change {' or '.join(keys)}" if keys else "") for action, keys in fixes.items()))
 
 
 def check_guard(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:

@@ -688,7 +688,16 @@ def test_ports_held_by_others_fail_naming_the_holder_and_the_fix(tmp_path):
                 "8265 (dashboard) is held by python3 (pid 42) in container ray-by-hand; 8000 (API) is held by vllm "
                 "(pid 43), outside any container; 29511 (watchdog) free",
         "destroy that stack first (`pulumi destroy -s gpt-oss`), or change ray.port; stop it (`docker stop "
-        "ray-by-hand`), or change ray.dashboardPort; stop that process, or change api.port")
+        "ray-by-hand`), or change ray.dashboardPort; stop pid 43, or change api.port")
+
+
+def test_a_stack_holding_several_ports_is_named_once_in_the_fix(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    held = (("6379", "gcs_server", 41), ("8265", "python3", 42), ("8000", "vllm", 43))
+    facts["spark1"]["ports"].update({port: {"free": False, "holders": [holder(p, pid, "spark-vllm-lab-ray-head",
+                                                                              "lab")]} for port, p, pid in held})
+    assert one(d, facts, "spark1", "ports")[2] == (
+        "destroy that stack first (`pulumi destroy -s lab`), or change ray.port or ray.dashboardPort or api.port")
 
 
 def test_a_port_whose_holder_exited_as_it_was_checked_is_free(tmp_path):
