@@ -39,7 +39,6 @@ class Lives:
     arm: Life = Life()
     dead: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # node -> what is dead there, and what follows
     alive: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # node -> what runs there
-    deployed: bool = False  # something of this stack is on some node: what is missing was lost, not yet made
 
     def engine(self, node: str) -> Optional[str]:
         """The life token of the node's Ray container or rank; None when nothing is known."""
@@ -51,7 +50,7 @@ def judge(deployment: Deployment, facts: Mapping[str, NodeFacts], stamp: Optiona
     new = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     cluster, stack = deployment.cluster, deployment.stack
     running = {name: f.running for name, f in facts.items() if f.running is not None and not f.running.unavailable}
-    deployed = any(r.containers for r in running.values())
+    deployed = any(r.containers for r in running.values())  # so what is missing was lost, not yet made
     dead: dict[str, list[str]] = {n.name: [] for n in cluster.nodes}
     alive: dict[str, list[str]] = {n.name: [] for n in cluster.nodes}
 
@@ -100,7 +99,7 @@ def judge(deployment: Deployment, facts: Mapping[str, NodeFacts], stamp: Optiona
         arm = _arm(on_head, keepers[head.name], new)
         if arm.dead:
             dead[head.name].append(f"{arm.dead}: up arms it again")
-    return Lives(engines=engines, serve=serve, keepers=keepers, arm=arm, deployed=deployed,
+    return Lives(engines=engines, serve=serve, keepers=keepers, arm=arm,
                  dead={k: tuple(v) for k, v in dead.items()}, alive={k: tuple(v) for k, v in alive.items()})
 
 

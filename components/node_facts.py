@@ -129,7 +129,6 @@ class Guard:
 @dataclass(frozen=True)
 class ContainerState:
     """One of this stack's containers on the node, as Docker has it."""
-    id: str
     running: bool
     status: str  # Docker's word: running, exited, created, ...
     exit_code: int = 0
@@ -259,7 +258,7 @@ def _ports(value: Mapping[str, Any]) -> Ports:
 def _running(value: Mapping[str, Any]) -> Running:
     serve, api, keeper = value.get("serve"), value.get("api"), value.get("keeper")
     return Running(
-        containers={name: ContainerState(id=c["id"], running=c["running"], status=c["status"],
+        containers={name: ContainerState(running=c["running"], status=c["status"],
                                          exit_code=c.get("exitCode", 0), finished_ago_s=c.get("finishedAgo"),
                                          life=c.get("life")) for name, c in value.get("containers", {}).items()},
         serve_running=serve["running"] if serve else None, serve_life=serve.get("life") if serve else None,

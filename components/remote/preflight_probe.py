@@ -298,7 +298,7 @@ def running(spec):
         for c in json.loads(out):
             state, labels = c["State"], c["Config"].get("Labels") or {}
             containers[c["Name"].lstrip("/")] = {
-                "id": c["Id"], "running": state["Running"], "status": state["Status"], "exitCode": state["ExitCode"],
+                "running": state["Running"], "status": state["Status"], "exitCode": state["ExitCode"],
                 "finishedAgo": _ago(state.get("FinishedAt")), "life": labels.get("spark-vllm.life"),
                 "env": c["Config"].get("Env") or []}
     facts = {"containers": {name: {k: v for k, v in c.items() if k != "env"} for name, c in containers.items()}}

@@ -7,6 +7,11 @@ real on the lab, after reboots, removals, a crash loop and a wedge.
 from __future__ import annotations
 
 import copy
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -15,6 +20,7 @@ from components.node_facts import parse
 from components.preflight.judging import Status, evaluate
 from fixtures import stack_config, write_catalog
 from harness import ROOT, run_program
+from test_preflight_checks import healthy, load_probe
 
 NEW = "20261204T120000Z"
 HEAD, WORKERS = "spark-vllm-test-ray-head", "spark-vllm-test-ray-worker"
@@ -30,7 +36,7 @@ def deployment(tmp_path, executor="ray", watchdog=False):
 
 
 def up(life="L1", **more) -> dict:
-    return {"id": "c" * 64, "running": True, "status": "running", "exitCode": 0, "life": life, **more}
+    return {"running": True, "status": "running", "exitCode": 0, "life": life, **more}
 
 
 def ray_running() -> dict:
@@ -65,7 +71,7 @@ def test_a_healthy_deployment_keeps_every_token(tmp_path):
 def test_a_first_up_gives_new_tokens_and_calls_nothing_dead(tmp_path):
     lives = judged(deployment(tmp_path), {n: {"containers": {}} for n in NODES})
     assert [lives.engine(n) for n in NODES] == [NEW] * 3 and lives.serve.token == NEW
-    assert not lives.deployed and not any(lives.dead.values())
+    assert not any(lives.dead.values())
     assert lives.alive["spark2"] == (f"{WORKERS} is not on spark2: up creates it",)
 
 
@@ -210,7 +216,6 @@ def test_a_removed_keeper_is_recreated(tmp_path):
 # ---- the preflight row, and the program ----
 
 def node_facts(running: dict) -> dict:
-    from test_preflight_checks import healthy
     facts = healthy()
     for name, value in running.items():
         facts[name]["running"] = value
@@ -248,3 +253,62 @@ def test_the_program_gives_each_piece_its_token(tmp_path, monkeypatch):
     assert life("ray-worker-spark3-container") == ["L1"]
     serve = recording.by_name("vllm-serve-process").inputs
     assert "S1" in serve["triggers"] and "--life=S1" in serve["create"]
+
+
+# ---- the probe's one completion, against a stand-in API on loopback ----
+
+class StandInApi(BaseHTTPRequestHandler):
+    """Answers /v1/completions as the test says: 200, a status, or not before the client gave up."""
+    answer: tuple[int, float] = (200, 0.0)
+    seen: list[dict] = []
+
+    def do_POST(self):
+        status, delay = self.answer
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        StandInApi.seen.append({"auth": self.headers.get("Authorization"), "body": json.loads(body)})
+        time.sleep(delay)
+        data = json.dumps({"choices": [{"text": "pong"}]}).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up first: the timeout case
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def api():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StandInApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    StandInApi.seen = []
+    yield {"host": "127.0.0.1", "port": server.server_address[1], "model": "m", "timeout": 1}
+    server.shutdown()
+
+
+@pytest.mark.parametrize("answer, found", [
+    ((200, 0.0), "answered"), ((500, 0.0), {"failed": "HTTP 500 Internal Server Error", "status": 500}),
+    ((401, 0.0), {"failed": "HTTP 401 Unauthorized", "status": 401}), ((200, 2.0), {"timeout": 1})])
+def test_the_probe_asks_one_completion_with_the_key_and_says_how_it_went(api, answer, found):
+    StandInApi.answer = answer
+    got = load_probe()._completion(api, "k'ey")
+    assert (list(got) == ["answered"]) if found == "answered" else got == found
+    assert StandInApi.seen[0] == {"auth": "Bearer k'ey", "body": {"model": "m", "prompt": "ping", "max_tokens": 1}}
+
+
+def test_the_probe_takes_a_refused_connection_for_a_load_not_a_death():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    assert load_probe()._completion({"host": "127.0.0.1", "port": port, "model": "m", "timeout": 1}, None) == \
+        {"refused": True}
+
+
+def test_the_probe_reads_dockers_times_by_the_nodes_clock():
+    probe = load_probe()
+    then = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 125)) + ".123456789Z"
+    assert 124 <= probe._ago(then) <= 127
+    assert probe._ago("0001-01-01T00:00:00Z") is None
