@@ -52,3 +52,33 @@ ensure_pulumi() {
   bin=$("$REPO/scripts/install-pulumi") || die "could not set up the Pulumi engine (see above)"
   export PATH="$bin:$PATH" PULUMI_SKIP_UPDATE_CHECK=1
 }
+
+# scripts/try-lab's stack: its project folder and state (a user's own, which the lab tests must not break).
+TRY_LAB_DIR=${SPARK_VLLM_TRY_LAB_DIR:-$CACHE/try-lab}
+try_lab_env() {
+  export PULUMI_BACKEND_URL=${PULUMI_BACKEND_URL:-file://$CACHE/state}
+  export PULUMI_CONFIG_PASSPHRASE=${PULUMI_CONFIG_PASSPHRASE-lab}
+  export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
+  export PATH="$REPO/tests/docker_double:$REPO/tests/command_double:$PATH"
+}
+
+# Whether the try-lab stack is deployed: it has an endpoint in its state.
+try_lab_deployed() {
+  [ -d "$TRY_LAB_DIR" ] || return 1
+  (try_lab_env && cd "$TRY_LAB_DIR" && pulumi stack output baseUrl --stack lab >/dev/null 2>&1)
+}
+
+# Whether pytest's arguments select the lab's tests: none given, or a path under tests/e2e or tests/lab.
+lab_tests() {
+  local arg paths=0 value=0
+  for arg in "$@"; do
+    if [ $value -eq 1 ]; then value=0; continue; fi
+    case $arg in
+      -k|-m|-p|-o|-c|--deselect|--ignore|--durations|--maxfail) value=1 ;;  # options whose value is the next word
+      -*) ;;
+      *tests/e2e*|*tests/lab*) return 0 ;;
+      *) paths=1 ;;
+    esac
+  done
+  [ $paths -eq 0 ]
+}

@@ -30,7 +30,24 @@ def engine_env():
         pytest.skip("no Docker engine (scripts/test starts one)")
     if shutil.which("pulumi") is None:
         pytest.skip("no pulumi CLI on PATH (scripts/test builds one)")
+    remove_leftovers()
     return {"PATH": os.pathsep.join([*ENGINE_PATH, os.environ["PATH"]])}
+
+
+# The stack of scripts/try-lab, a user's own: scripts/test takes it down for the lab tests and brings it back.
+TRY_LAB_STACK = "lab"
+
+
+def remove_leftovers() -> None:
+    """What a crashed or killed run left on the lab's nodes (its stacks' containers hold the ports every scenario
+    needs) is removed once, before the first scenario: no test depends on what another run left there."""
+    nodes = subprocess.run(["docker", "ps", "--filter", "name=^svl-lab-node", "--format", "{{.Names}}"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    listed = "docker ps -a --filter label=spark-vllm.stack --format '{{.ID}} {{.Label \"spark-vllm.stack\"}}'"
+    for node in nodes:
+        subprocess.run(["docker", "exec", node, "sh", "-c",
+                        f"{listed} | awk '$2 != \"{TRY_LAB_STACK}\" {{print $1}}' | xargs -r docker rm -f"],
+                       capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")

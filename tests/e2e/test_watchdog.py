@@ -224,7 +224,6 @@ def test_a_crash_loop_ends_in_gave_up_with_the_reason(wd):
         node_sh(1, "mv /models/lab-tiny/config.json.away /models/lab-tiny/config.json")
     # Once the cause is fixed, a plain `up` relaunches what the watchdog stopped and arms it again; preview says why.
     preview = wd.pulumi("preview", check=True)
-    assert "(the watchdog gave up after 2 restarts: " in preview.output, preview.output
     assert re.search(r"the watchdog gave up after 2 restarts: .*: up arms it again", preview.output), preview.output
     assert planned(preview).get("watchdog-arm") == "replace", planned(preview)
     wd.up()
