@@ -358,9 +358,7 @@ def _completion(api, key):
         return {"answered": round(time.monotonic() - start, 3)}
     except urllib.error.HTTPError as e:
         return {"failed": f"HTTP {e.code} {e.reason}", "status": e.code}
-    except ConnectionRefusedError:
-        return {"refused": True}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:  # urlopen wraps a refused connect in URLError; a read timeout is raw
         if "timed out" in str(e).lower():
             return {"timeout": api["timeout"]}
         reason = getattr(e, "reason", e)
