@@ -35,7 +35,13 @@ def run(max_model_len: int) -> SeedRun:
     done = timing.run([str(SEED)], SEED.parent, {**os.environ, "MAX_MODEL_LEN": str(max_model_len)})
     if done.returncode != 0:
         raise RuntimeError(f"seed.sh failed ({done.returncode}):\n{done.output}")
-    ready = probes.wait_models(max_model_len, start)
+    try:
+        ready = probes.wait_models(max_model_len, start)
+    except TimeoutError as e:
+        tail = "\n".join(probes.serve_log(*HEAD, LOG).splitlines()[-40:])
+        ray = probes.node_sh(HEAD[0], f"docker logs --tail 20 {HEAD[1]} 2>&1; docker ps -a", check=False)
+        raise TimeoutError(f"{e}\nthe seed's serve log ({LOG}), its last lines:\n{tail}\n"
+                           f"the Ray head's log and node1's containers:\n{ray}") from None
     serve_launch = t0 + next(t for t, line in done.lines if line == "start serve")
     log = probes.serve_log(*HEAD, LOG)
     joined = probes.ray_node_starts(*HEAD)[WORKER_IP]

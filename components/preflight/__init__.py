@@ -40,7 +40,8 @@ def run(deployment: Deployment) -> Checked:
     """
     if not deployment.preflight.enabled:
         pulumi.log.info("preflight is off (spark-vllm:preflight.enabled is false): the nodes were not checked, "
-                        "and what died since the last up is not seen (`pulumi up --refresh` sees the containers)")
+                        "what died since the last up is not seen (`pulumi up --refresh` sees the containers), and the "
+                        "containers that carry a life token are replaced (docs/design.md)")
         return Checked()
     start = time.monotonic()
     nodes = deployment.cluster.nodes
