@@ -68,17 +68,18 @@ try_lab_deployed() {
   (try_lab_env && cd "$TRY_LAB_DIR" && pulumi stack output baseUrl --stack lab >/dev/null 2>&1)
 }
 
-# Whether pytest's arguments select the lab's tests: none given, or a path under tests/e2e or tests/lab.
-lab_tests() {
+# Which tests pytest's arguments select: "all" (no path given), "lab" (a path under tests/e2e or tests/lab), or
+# "other".
+selected_tests() {
   local arg paths=0 value=0
   for arg in "$@"; do
     if [ $value -eq 1 ]; then value=0; continue; fi
     case $arg in
       -k|-m|-p|-o|-c|--deselect|--ignore|--durations|--maxfail) value=1 ;;  # options whose value is the next word
       -*) ;;
-      *tests/e2e*|*tests/lab*) return 0 ;;
+      *tests/e2e*|*tests/lab*) echo lab; return ;;
       *) paths=1 ;;
     esac
   done
-  [ $paths -eq 0 ]
+  if [ $paths -eq 0 ]; then echo all; else echo other; fi
 }
