@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from typing import Callable, Iterator, Mapping
 
 import pytest
 
@@ -56,8 +57,34 @@ def lab2(engine_env):
     return engine_env
 
 
+# The shipped stack file of each lab cluster and executor, and the preset that picks the executor on the others.
+SOURCES = {("lab", "ray"): "lab", ("lab", "mp"): "lab-mp", ("lab3", "ray"): "lab3", ("lab3", "mp"): "lab3"}
+MP_PRESET = "lab-tiny-mp"
+
+
+def lab_stack(tmp_path_factory, env: dict[str, str], name: str, *, executor: str = "ray", cluster: str = "lab",
+              config: Mapping[str, str] | None = None, catalog: Mapping[str, Callable] | None = None,
+              up: bool = False) -> Iterator[LabStack]:
+    """Every e2e stack's one shape, for a module fixture to `yield from`: stack `name` of a private copy of the
+    project, from the shipped Pulumi.<cluster>.yaml of its executor, with `config` set on it (key path -> value)
+    and `catalog` edited (file -> change), deployed first when `up`; destroyed after the module, whatever
+    happened (the session's remove_leftovers covers a crash)."""
+    s = LabStack(tmp_path_factory.mktemp(name), name, SOURCES[cluster, executor], env)
+    s.executor = executor
+    if executor == "mp" and SOURCES[cluster, executor] != "lab-mp":
+        s.set_config("model", MP_PRESET)
+    for key, value in (config or {}).items():
+        s.set_config(key, value)
+    for file, change in (catalog or {}).items():
+        s.edit_catalog(file, change)
+    try:
+        if up:
+            s.up()
+        yield s
+    finally:
+        s.pulumi("destroy", timeout=600)
+
+
 @pytest.fixture(scope="module")
-def stack(lab2, tmp_path_factory) -> LabStack:
-    s = LabStack(tmp_path_factory.mktemp("e2e"), "e2e", "lab", lab2)
-    yield s
-    s.pulumi("destroy", timeout=600)
+def stack(lab2, tmp_path_factory) -> Iterator[LabStack]:
+    yield from lab_stack(tmp_path_factory, lab2, "e2e")

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from conftest import node_sh
+from conftest import lab_stack, node_sh
 from labstack import LabStack, chat, planned
 from test_faults import wait_for_ssh
 
@@ -27,14 +27,9 @@ IMAGES = {"ray": "spark-vllm-lab/ray-vllm:2.60.0-double1", "mp": "spark-vllm-lab
 
 @pytest.fixture(scope="module", params=["ray", "mp"])
 def d2(request, lab2, tmp_path_factory):
-    executor = request.param
-    s = LabStack(tmp_path_factory.mktemp(f"d2{executor}"), f"d2{executor}", "lab-mp" if executor == "mp" else "lab",
-                 lab2)
-    s.executor = executor
-    s.set_config("preflight.timeoutSeconds", "12")  # a wedged engine's completion is given up after 6 s
-    s.up()
-    yield s
-    s.pulumi("destroy", timeout=600)
+    # A wedged engine's completion is given up after 6 s.
+    yield from lab_stack(tmp_path_factory, lab2, f"d2{request.param}", executor=request.param,
+                         config={"preflight.timeoutSeconds": "12"}, up=True)
 
 
 def engine(s: LabStack, node: int) -> str:

@@ -10,18 +10,15 @@ import time
 
 import pytest
 
-from conftest import node_sh
+from conftest import lab_stack, node_sh
 from labstack import LabStack, chat
 
 
 @pytest.fixture(scope="module")
 def stack(lab2, tmp_path_factory):
-    s = LabStack(tmp_path_factory.mktemp("flt"), "flt", "lab", lab2)
     # A slower load (4 shards x 2 s) leaves time to act while serve-ready waits.
-    s.edit_catalog("clusters.yaml", lambda c: c["lab"]["env"].update(VLLM_DOUBLE_SHARD_DELAY_S="2"))
-    s.up()
-    yield s
-    s.pulumi("destroy", timeout=600)
+    yield from lab_stack(tmp_path_factory, lab2, "flt", up=True, catalog={
+        "clusters.yaml": lambda c: c["lab"]["env"].update(VLLM_DOUBLE_SHARD_DELAY_S="2")})
 
 
 def start_up(stack: LabStack) -> subprocess.Popen:

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from conftest import node_sh
-from labstack import LabStack, planned, steps
+from conftest import lab_stack, node_sh
+from labstack import planned, steps
 from test_preflight import not_ok, rows
 
 MODEL = "/models/ws-tiny"
@@ -38,13 +38,12 @@ def synced(run, files: int, mib: float) -> re.Match:
 def ws(lab2, tmp_path_factory):
     for node in (1, 2):
         node_sh(node, f"rm -rf {MODEL} && cp -a /models/lab-tiny {MODEL}")
-    s = LabStack(tmp_path_factory.mktemp("ws"), "ws", "lab", lab2)
     try:
-        s.set_config("serve.path", MODEL)
-        s.pulumi("config", "set", "--path", "--type", "bool", "spark-vllm:preflight.syncWeights", "true", check=True)
-        yield s
+        for s in lab_stack(tmp_path_factory, lab2, "ws", config={"serve.path": MODEL}):
+            s.pulumi("config", "set", "--path", "--type", "bool", "spark-vllm:preflight.syncWeights", "true",
+                     check=True)
+            yield s
     finally:
-        s.pulumi("destroy", timeout=600)
         for node in (1, 2):
             node_sh(node, f"rm -rf {MODEL}", check=False)
 

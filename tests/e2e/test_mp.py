@@ -14,8 +14,8 @@ import time
 import openai
 import pytest
 
-from conftest import node_sh
-from labstack import LabStack, chat, planned, steps
+from conftest import lab_stack, node_sh
+from labstack import chat, planned, steps
 from test_status import status
 
 RANK0, RANK1 = "spark-vllm-mp-vllm-rank0", "spark-vllm-mp-vllm-rank1"
@@ -28,11 +28,9 @@ MODEL = "/models/mp-tiny"  # the weights-sync scenario's own copy of the lab's m
 
 @pytest.fixture(scope="module")
 def mp(lab2, tmp_path_factory):
-    s = LabStack(tmp_path_factory.mktemp("e2e-mp"), "mp", "lab-mp", lab2)
     try:
-        yield s
+        yield from lab_stack(tmp_path_factory, lab2, "mp", executor="mp")
     finally:
-        s.pulumi("destroy", timeout=600)
         for node in (1, 2):
             node_sh(node, f"rm -rf {MODEL}; docker rmi {NEW_IMAGE} >/dev/null 2>&1 || true", check=False)
 

@@ -12,8 +12,8 @@ import re
 
 import pytest
 
-from conftest import node_sh
-from labstack import LabStack, chat, planned, steps
+from conftest import lab_stack, node_sh
+from labstack import chat, planned, steps
 
 IMAGE = "spark-vllm-lab/ray-vllm:2.60.0-double1"
 OTHER_TAG = "spark-vllm-lab/ray-vllm:pf-other"
@@ -57,9 +57,7 @@ def image_id(node: int, image: str) -> str:
 
 @pytest.fixture(scope="module")
 def pf(lab2, tmp_path_factory):
-    s = LabStack(tmp_path_factory.mktemp("pf"), "pf", "lab", lab2)
-    yield s
-    s.pulumi("destroy", timeout=600)
+    yield from lab_stack(tmp_path_factory, lab2, "pf")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -17,7 +17,7 @@ from typing import Callable
 import openai
 import pytest
 
-from conftest import node_sh
+from conftest import lab_stack, node_sh
 from labstack import LabStack
 
 API_KEY = f"sk-e2e-{secrets.token_hex(12)}"
@@ -60,9 +60,8 @@ def up_showing_no_secret(stack: LabStack, more_places: Callable[[], dict[str, st
 
 @pytest.fixture(scope="module")
 def stack(lab2, tmp_path_factory):
-    s = with_secrets(LabStack(tmp_path_factory.mktemp("sec"), "sec", "lab", lab2))
-    yield s
-    s.pulumi("destroy", timeout=600)
+    for s in lab_stack(tmp_path_factory, lab2, "sec"):
+        yield with_secrets(s)
 
 
 def test_secrets_appear_nowhere_while_serving(stack):

@@ -13,8 +13,7 @@ import socket
 import openai
 import pytest
 
-from conftest import node_sh
-from labstack import LabStack
+from conftest import lab_stack, node_sh
 from test_secrets import API_KEY, HF_TOKEN, exposed_listeners, guarded, up_showing_no_secret, with_secrets
 
 RANK0, RANK1 = "spark-vllm-mpsec-vllm-rank0", "spark-vllm-mpsec-vllm-rank1"
@@ -22,9 +21,8 @@ RANK0, RANK1 = "spark-vllm-mpsec-vllm-rank0", "spark-vllm-mpsec-vllm-rank1"
 
 @pytest.fixture(scope="module")
 def stack(lab2, tmp_path_factory):
-    s = with_secrets(LabStack(tmp_path_factory.mktemp("mpsec"), "mpsec", "lab-mp", lab2))
-    yield s
-    s.pulumi("destroy", timeout=600)
+    for s in lab_stack(tmp_path_factory, lab2, "mpsec", executor="mp"):
+        yield with_secrets(s)
 
 
 def env_of(node: int, container: str) -> str:

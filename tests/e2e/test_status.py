@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import node_sh
+from conftest import lab_stack, node_sh
 from labstack import ROOT, LabStack, chat, planned
 
 HEAD = "spark-vllm-sts-ray-head"
@@ -17,10 +17,7 @@ HEAD = "spark-vllm-sts-ray-head"
 
 @pytest.fixture(scope="module")
 def stack(lab2, tmp_path_factory):
-    s = LabStack(tmp_path_factory.mktemp("sts"), "sts", "lab", lab2)
-    s.up()
-    yield s
-    s.pulumi("destroy", timeout=600)
+    yield from lab_stack(tmp_path_factory, lab2, "sts", up=True)
 
 
 def status(stack: LabStack) -> subprocess.CompletedProcess:

@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from conftest import node_sh
-from labstack import LabStack, chat
+from conftest import lab_stack, node_sh
+from labstack import chat
 from test_preflight import rows
 
 USER = "svl-switch"
@@ -26,16 +26,12 @@ REFUSED_AS_ROOT = re.compile(r"29501 \(mp master\) free; 8000 \(API\) is held by
 
 @pytest.fixture(scope="module")
 def first(lab2, tmp_path_factory):
-    s = LabStack(tmp_path_factory.mktemp("sw1"), "sw1", "lab", lab2)
-    yield s
-    s.pulumi("destroy", timeout=600)
+    yield from lab_stack(tmp_path_factory, lab2, "sw1")
 
 
 @pytest.fixture(scope="module")
 def second(lab2, tmp_path_factory):
-    s = LabStack(tmp_path_factory.mktemp("sw2"), "sw2", "lab-mp", lab2)
-    yield s
-    s.pulumi("destroy", timeout=600)
+    yield from lab_stack(tmp_path_factory, lab2, "sw2", executor="mp")
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import lab, node_sh
-from labstack import LabStack, chat
+from conftest import lab, lab_stack, node_sh
+from labstack import chat
 
 
 @pytest.fixture(scope="module")
@@ -17,17 +17,12 @@ def lab3(engine_env):
 
 @pytest.fixture(scope="module")
 def stack3(lab3, tmp_path_factory):
-    s = LabStack(tmp_path_factory.mktemp("e2e3"), "e2e3", "lab3", lab3)
-    yield s
-    s.pulumi("destroy", timeout=600)
+    yield from lab_stack(tmp_path_factory, lab3, "e2e3", cluster="lab3")
 
 
 @pytest.fixture(scope="module")
 def mp3(lab3, tmp_path_factory):
-    s = LabStack(tmp_path_factory.mktemp("mp3"), "mp3", "lab3", lab3)
-    s.set_config("model", "lab-tiny-mp")
-    yield s
-    s.pulumi("destroy", timeout=600)
+    yield from lab_stack(tmp_path_factory, lab3, "mp3", cluster="lab3", executor="mp")
 
 
 def test_three_nodes_deploy_and_serve(stack3):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import node_sh
+from conftest import lab_stack, node_sh
 from labstack import ROOT, LabStack, chat, planned
 from test_faults import wait_for_ssh
 
@@ -27,16 +27,10 @@ RECOVERY_S = 180  # the test's own bound on a recovery (the lab's load takes sec
 
 @pytest.fixture(scope="module", params=["mp", "ray"])
 def wd(request, lab2, tmp_path_factory):
-    executor = request.param
-    name = f"wd{executor}"
-    s = LabStack(tmp_path_factory.mktemp(name), name, "lab-mp" if executor == "mp" else "lab", lab2)
-    s.executor = executor
-    for key, value in WATCHDOG.items():
-        for sub, v in (value.items() if isinstance(value, dict) else [(None, value)]):
-            s.set_config(f"watchdog.{key}" + (f".{sub}" if sub else ""), str(v))
-    s.up()
-    yield s
-    s.pulumi("destroy", timeout=600)
+    config = {f"watchdog.{key}" + (f".{sub}" if sub else ""): str(v) for key, value in WATCHDOG.items()
+              for sub, v in (value.items() if isinstance(value, dict) else [(None, value)])}
+    for s in lab_stack(tmp_path_factory, lab2, f"wd{request.param}", executor=request.param, config=config, up=True):
+        yield s
     assert containers(s, 1) == containers(s, 2) == {}
 
 
