@@ -1,7 +1,7 @@
-"""The README's first two commands, in that order, on the lab: `scripts/try-lab`, then the tests. The second
-is reduced to where it broke (issue 16): creating an e2e stack of the lab's config on another passphrase. Neither
-may change a tracked file. `scripts/try-lab` is run a second time after both lab nodes restarted (issue 21): it
-must end with a chat answer again."""
+"""The README's two commands, in that order, on the lab (issue 24): `scripts/try-lab`, then `scripts/test` (reduced to
+one lab test), which takes the try-lab deployment down for the lab's tests and brings it back after them. Then both
+lab nodes restart, and `scripts/try-lab` must end with a chat answer again (issue 21). Nothing may change a tracked
+file, and an e2e stack is made on another passphrase than the try-lab one (issue 16)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def try_lab(env) -> str:
     return done.stdout + done.stderr
 
 
-def test_try_lab_twice_around_a_restart_then_the_tests_change_no_tracked_file(lab2, tmp_path):
+def test_try_lab_then_the_tests_then_try_lab_after_a_restart_change_no_tracked_file(lab2, tmp_path):
     before = tracked_changes()
     # Its own backend and project folder, so a user's own try-lab stack on this machine is left alone.
     env = {**os.environ, **lab2, "PULUMI_BACKEND_URL": f"file://{tmp_path / 'state'}",
@@ -33,6 +33,13 @@ def test_try_lab_twice_around_a_restart_then_the_tests_change_no_tracked_file(la
     (tmp_path / "state").mkdir()
     try:
         try_lab(env)
+        assert tracked_changes() == before
+        tests = subprocess.run([str(ROOT / "scripts" / "test"), "tests/e2e/test_discover.py"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=1200)
+        said = tests.stdout + tests.stderr
+        assert tests.returncode == 0, said
+        assert "taking it down for the lab tests" in said and "1 passed" in said, said
+        assert "bringing your scripts/try-lab deployment back" in said and '"content"' in said, said
         assert tracked_changes() == before
         subprocess.run(["docker", "restart", "svl-lab-node1", "svl-lab-node2"], check=True, capture_output=True,
                        timeout=180)
