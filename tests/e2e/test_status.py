@@ -3,8 +3,10 @@ a plain `preview` do (preflight's probe), and a plain `up` repairs it."""
 
 from __future__ import annotations
 
+import queue
 import re
 import subprocess
+import threading
 import time
 
 import pytest
@@ -72,12 +74,21 @@ def test_logs_shows_the_serve_log_and_follows_it(stack):
     assert "Loading weights took" in done.stdout, done.stdout
     follow = subprocess.Popen([*command, "-n", "0", "-f"], cwd=stack.dir, env=stack.env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in follow.stdout or []], daemon=True).start()
+    base_url, seen = stack.outputs()["baseUrl"], []
     try:
-        time.sleep(5)
-        chat(stack.outputs()["baseUrl"], "lab-tiny")  # the serve logs the request
-        time.sleep(3)
-        assert follow.poll() is None, follow.stderr.read() if follow.stderr else ""
+        # A request a second until the follower shows one: it prints nothing before its first new line.
+        deadline = time.monotonic() + 60
+        while not any("chat/completions" in line for line in seen):
+            assert time.monotonic() < deadline and follow.poll() is None, (seen, follow.poll())
+            chat(base_url, "lab-tiny")  # the serve logs the request
+            try:
+                while True:
+                    seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                pass
+        assert follow.poll() is None
     finally:
         follow.terminate()
-        out, _ = follow.communicate(timeout=30)
-    assert "chat/completions" in out, out
+        follow.wait(timeout=30)
