@@ -28,6 +28,10 @@ class SeedRun:
     load_s: float | None  # the stand-in's "Loading weights took" figure
 
 
+class SeedFailed(RuntimeError):
+    """The seed's serve exited without serving: what its missing readiness wait allows (Ray not up yet)."""
+
+
 def run(max_model_len: int) -> SeedRun:
     before = probes.containers([1, 2])
     start = time.monotonic()
@@ -36,18 +40,24 @@ def run(max_model_len: int) -> SeedRun:
     if done.returncode != 0:
         raise RuntimeError(f"seed.sh failed ({done.returncode}):\n{done.output}")
     try:
-        ready = probes.wait_models(max_model_len, start)
-    except TimeoutError as e:
+        ready = probes.wait_models(max_model_len, start, alive=_serving)
+    except (TimeoutError, probes.Stopped) as e:
         tail = "\n".join(probes.serve_log(*HEAD, LOG).splitlines()[-40:])
         ray = probes.node_sh(HEAD[0], f"docker logs --tail 20 {HEAD[1]} 2>&1; docker ps -a", check=False)
-        raise TimeoutError(f"{e}\nthe seed's serve log ({LOG}), its last lines:\n{tail}\n"
-                           f"the Ray head's log and node1's containers:\n{ray}") from None
+        raise SeedFailed(f"{e}\nthe seed's serve log ({LOG}), its last lines:\n{tail}\n"
+                         f"the Ray head's log and node1's containers:\n{ray}") from None
     serve_launch = t0 + next(t for t, line in done.lines if line == "start serve")
     log = probes.serve_log(*HEAD, LOG)
     joined = probes.ray_node_starts(*HEAD)[WORKER_IP]
     return SeedRun(script_s=done.seconds, ready_s=ready, restarted=probes.restarted(before, probes.containers([1, 2])),
                    early=_started_early(log), worker_late_s=joined - serve_launch,
                    ray_join_s=joined - probes.started_at(*WORKER), load_s=probes.load_seconds(log))
+
+
+def _serving() -> bool:
+    """Whether the seed's `vllm serve` still runs in its head container (the container gone counts as no)."""
+    return probes.node_sh(HEAD[0], f"docker exec {HEAD[1]} pgrep -f 'vllm serve' >/dev/null 2>&1 && echo yes",
+                          check=False).strip() == "yes"
 
 
 def _started_early(log: str) -> bool:

@@ -10,6 +10,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 SSH_CONFIG = Path(os.path.expanduser("~/.cache/spark-vllm/lab/ssh_config"))
 API = "http://172.29.87.11:8000/v1/models"  # the lab head's management address, as the stack's baseUrl
@@ -46,9 +47,16 @@ def restarted(before: dict[str, str], after: dict[str, str]) -> int:
     return len(set(before) - set(after))
 
 
-def wait_models(max_model_len: int, start: float, timeout: float = 300) -> float:
-    """Seconds from `start` (time.monotonic) until /v1/models lists the model with this max_model_len."""
+class Stopped(RuntimeError):
+    """What was waited for stopped before it served."""
+
+
+def wait_models(max_model_len: int, start: float, timeout: float = 300,
+                alive: Callable[[], bool] | None = None) -> float:
+    """Seconds from `start` (time.monotonic) until /v1/models lists the model with this max_model_len. With
+    `alive`, asked every 2 s, a serve that stopped ends the wait at once."""
     deadline = time.monotonic() + timeout
+    asked = time.monotonic()
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(API, timeout=2) as r:
@@ -57,6 +65,11 @@ def wait_models(max_model_len: int, start: float, timeout: float = 300) -> float
                 return time.monotonic() - start
         except (OSError, ValueError, KeyError):
             pass
+        if alive is not None and time.monotonic() - asked >= 2:
+            asked = time.monotonic()
+            if not alive():
+                raise Stopped(f"the serve stopped after {time.monotonic() - start:.1f} s, before {API} listed "
+                              f"{MODEL}")
         time.sleep(0.1)
     raise TimeoutError(f"{API} did not list {MODEL} (max_model_len {max_model_len}) within {timeout:g} s")
 
