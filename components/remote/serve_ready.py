@@ -4,8 +4,9 @@ completion.
 With Ray it runs inside the Ray head container (`python3 - ARGS`, this file on stdin), and follows the serve's
 pid file and log file. With mp (`--container`) it runs on the head node, where rank 0 is a container's own
 process: alive is the container running, the log is `docker logs`, the API key is in its environment. While it
-waits it prints the weight-loading progress read from the vLLM log (shards k/N and an estimate of GB/s), so a long
-load never looks hung. On failure it says whether the process died or is still loading, and prints the log tail.
+waits it prints the weight-loading progress read from the vLLM log (shards, tensors or bytes k/N, as the loader
+counts, and GB/s), so a long load never looks hung. On failure it says whether the process died or is still
+loading, and prints the log tail.
 """
 
 import argparse
@@ -20,13 +21,38 @@ import time
 import urllib.error
 import urllib.request
 
-SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s+(\d+)% Completed \|\s*(\d+)/(\d+)")
+# vLLM's weight-loading bars (model_executor/model_loader/weight_utils.py, and the fastsafetensors package), all
+# with bar_format "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [...]". What one step counts, by desc:
+# files (shards), batches of files (fastsafetensors: one file a rank), tensors (Run:ai), or bytes (InstantTensor,
+# unit_scale with unit_divisor 1024).
+BAR = re.compile(r"(?P<desc>(?:Loading|Multi-thread loading) [^:\r\n]*?): +\d+% Completed \| *"
+                 r"(?P<n>[\d.]+)(?P<nu>[kMGTPEZY]?)/(?P<t>[\d.]+)(?P<tu>[kMGTPEZY]?) \[")
+COUNTS = (("InstantTensor", "bytes"), ("Runai", "tensors"), ("fastsafetensors", "shard batches"))
+SCALE = {"": 1, **{u: 1024 ** (i + 1) for i, u in enumerate("kMGTPEZY")}}
 MILESTONES = ("Loading weights took", "Application startup complete", "Error", "ERROR", "Traceback")
 
 
-def shard_progress(line):
-    m = SHARDS.search(line)
-    return (int(m.group(2)), int(m.group(3))) if m else None
+def load_progress(line):
+    """(what a step counts, done, total) of a loading bar's line; None for any other line."""
+    m = BAR.search(line)
+    if not m:
+        return None
+    unit = next((u for key, u in COUNTS if key in m.group("desc")), "shards")
+    done, total = float(m.group("n")) * SCALE[m.group("nu")], float(m.group("t")) * SCALE[m.group("tu")]
+    return unit, done, total
+
+
+def progress_text(progress, weights, elapsed):
+    """"loading weights 17/39 shards" or "… 10.2/155.0 GiB", then the rate: bytes from the bar when it counts
+    bytes, else the checkpoint's size times the fraction done."""
+    unit, done, total = progress
+    if unit == "bytes":
+        text, read = f"loading weights {done / 2 ** 30:.1f}/{total / 2 ** 30:.1f} GiB", done
+    else:
+        text, read = f"loading weights {done:.0f}/{total:.0f} {unit}", weights * done / total if total else 0
+    # A rate over less than a second says nothing; later lines have one.
+    rate = f", ~{read / elapsed / 1e9:.2f} GB/s" if elapsed >= 1 else ""
+    return text, rate
 
 
 def api_key(env_file):
@@ -167,14 +193,11 @@ def main():
     while True:
         now = time.monotonic()
         for line in log.new_lines():
-            progress = shard_progress(line)
+            progress = load_progress(line)
             if progress and progress != shown:
-                done, total = shown = progress
+                shown = progress
                 load_start = load_start or now
-                phase = f"loading weights {done}/{total} shards"
-                elapsed = now - load_start
-                # A rate over less than a second says nothing; later lines have one.
-                rate = f", ~{weights * done / total / elapsed / 1e9:.2f} GB/s" if elapsed >= 1 else ""
+                phase, rate = progress_text(progress, weights, now - load_start)
                 print(f"{phase} ({fmt(now - start)} elapsed{rate})", flush=True)
                 last_print = now
             elif not progress and any(m in line for m in MILESTONES):

@@ -75,12 +75,16 @@ def test_rdma_on_and_off_deploys_and_refreshes_clean(stack):
 
 
 def test_serve_only_change_replaces_only_the_serve_chain(stack):
+    """Two serve settings at once, one of them the loader: the gate shows fastsafetensors' own bar."""
     before = stack.outputs()["containerIds"]
     stack.set_config("serve.maxModelLen", "2048")
+    stack.set_config("serve.loadFormat", "fastsafetensors")
     preview = stack.pulumi("preview", "--diff", check=True)
     assert planned(preview) == SERVE_CHAIN
-    assert "--max-model-len 2048" in preview.output
-    stack.up()
+    assert "--max-model-len 2048" in preview.output and "--load-format fastsafetensors" in preview.output
+    run = stack.up()
+    for k in range(1, 5):
+        assert f"loading weights {k}/4 shard batches" in run.output, run.output
     assert stack.outputs()["containerIds"] == before
     assert_serving(stack)
 

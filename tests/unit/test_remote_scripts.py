@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from components.remote import cluster_ready
-from components.remote.serve_ready import shard_progress
+from components.remote.serve_ready import load_progress, progress_text
 
 SERVE_READY = Path(cluster_ready.__file__).with_name("serve_ready.py")
 EXPECTED = {"spark1": "192.168.200.1", "spark2": "192.168.200.2"}
@@ -72,10 +72,41 @@ def test_cluster_ready_reads_an_interfaces_addresses_from_the_kernel():
     assert cluster_ready.interface_addresses("no-such-if0") is None
 
 
-def test_shard_progress_parses_vllms_tqdm_line():
-    line = "Loading safetensors checkpoint shards:  44% Completed | 17/39 [05:06<06:36, 18.01s/it]"
-    assert shard_progress(line) == (17, 39)
-    assert shard_progress("INFO 12-02 [loader.py:1] Loading weights took 549.60 seconds") is None
+GIB = 2 ** 30
+
+
+# Each loader's bar as vLLM 0.33 prints it (weight_utils.py's _BAR_FORMAT; fastsafetensors' own bar has the same
+# format): a Ray worker's lines carry its prefix. The InstantTensor lines are from a user's log (184G in 23 s).
+@pytest.mark.parametrize("line, expected", [
+    ("Loading safetensors checkpoint shards:  44% Completed | 17/39 [05:06<06:36, 18.01s/it]", ("shards", 17, 39)),
+    ("Loading safetensors checkpoint shards (eager): 100% Completed | 4/4 [00:02<00:00,  1.90it/s]",
+     ("shards", 4, 4)),
+    ("(RayWorkerWrapper pid=1159) Multi-thread loading shards:  25% Completed | 1/4 [00:01<00:03,  1.00s/it]",
+     ("shards", 1, 4)),
+    ("Loading pt checkpoint shards:  50% Completed | 2/4 [00:04<00:04,  2.00s/it]", ("shards", 2, 4)),
+    ("Loading fastsafetensors checkpoint shards:  50% Completed | 2/4 [00:01<00:01,  1.90it/s]",
+     ("shard batches", 2, 4)),
+    ("Loading safetensors using Runai Model Streamer:  10% Completed | 30/300 [00:02<00:18, 15.00it/s]",
+     ("tensors", 30, 300)),
+    ("Loading safetensors using InstantTensor loader:   0% Completed | 0.00/155G [00:00<?, ?B/s]",
+     ("bytes", 0, 155 * GIB)),
+    ("(Worker_TP0_EP0 pid=1159) Loading safetensors using InstantTensor loader: 100% Completed | 184G/184G "
+     "[00:23<00:00, 8.41GB/s]", ("bytes", 184 * GIB, 184 * GIB)),
+    ("Loading safetensors using InstantTensor loader:  50% Completed | 512M/1.00G [00:01<00:01, 537MB/s]",
+     ("bytes", 512 * 2 ** 20, GIB)),
+    ("INFO 12-02 [default_loader.py:1] Loading weights took 549.60 seconds", None),
+    ("INFO 12-02 Loading model from /models/x", None),
+])
+def test_load_progress_reads_every_loaders_bar(line, expected):
+    assert load_progress(line) == expected
+
+
+def test_progress_text_counts_what_the_loader_counts():
+    assert progress_text(("shards", 17, 39), 39 * GIB, 0.5) == ("loading weights 17/39 shards", "")
+    assert progress_text(("shards", 2, 4), 8e9, 2.0) == ("loading weights 2/4 shards", ", ~2.00 GB/s")
+    # Bytes come from the bar itself, not from the checkpoint's size.
+    assert progress_text(("bytes", 184 * GIB, 184 * GIB), 1, 23.0) == ("loading weights 184.0/184.0 GiB",
+                                                                        ", ~8.59 GB/s")
 
 
 def running(pid: str) -> bool:

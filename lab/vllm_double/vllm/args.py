@@ -6,9 +6,9 @@ Anything else is refused by argparse (exit 2), as real vLLM refuses unknown flag
 import argparse
 import re
 
-_LOAD_FORMATS = [
-    "auto", "pt", "safetensors", "npcache", "dummy", "tensorizer", "sharded_state", "gguf",
-    "bitsandbytes", "mistral", "runai_streamer", "runai_streamer_sharded", "fastsafetensors",
+_LOAD_FORMATS = [  # vLLM 0.33's loader registry (model_executor/model_loader/__init__.py)
+    "auto", "dummy", "fastsafetensors", "hf", "instanttensor", "ipc_cache", "mistral", "modelexpress", "npcache",
+    "pt", "runai_streamer", "runai_streamer_sharded", "safetensors", "sharded_state", "tensorizer",
 ]
 _KV_CACHE_DTYPES = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"]
 _DTYPES = ["auto", "half", "float16", "bfloat16", "float", "float32"]

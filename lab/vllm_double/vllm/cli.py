@@ -71,7 +71,7 @@ def serve(serve_parser, args) -> None:
         shards = list_shards(model_dir, args.model_tag)
         start = time.perf_counter()
         total_bytes = multinode.load(shards, shard_delay_s, _env_seconds("VLLM_DOUBLE_LOAD_TIMEOUT_S",
-                                                                           WORKER_LOAD_TIMEOUT_S))
+                                                                           WORKER_LOAD_TIMEOUT_S), args.load_format)
         took = time.perf_counter() - start
         logger.info("Loading weights took %.2f seconds", took)
         logger.info("Model loading took %.4f GiB and %.6f seconds", total_bytes / 2**30, took)
@@ -91,7 +91,7 @@ def serve(serve_parser, args) -> None:
     shards = list_shards(model_dir, args.model_tag)
     worker_loads = placement.start_loading(shards) if placement else []
     start = time.perf_counter()
-    total_bytes = load_shards(shards, shard_delay_s)
+    total_bytes = load_shards(shards, shard_delay_s, args.load_format)
     if placement:
         placement.finish_loading(worker_loads, WORKER_LOAD_TIMEOUT_S)
     took = time.perf_counter() - start

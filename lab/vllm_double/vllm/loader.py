@@ -122,27 +122,56 @@ def _interval(seconds: float) -> str:
     return f"{hours:d}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
 
 
-def progress_line(done: int, total: int, elapsed: float) -> str:
-    """One line of vLLM's tqdm bar (bar_format "{desc}: {percentage:3.0f}% Completed | ...")."""
+# Each load format's bar, as vLLM 0.33 names it (model_executor/model_loader/weight_utils.py; fastsafetensors' bar
+# is the package's own), and what one step counts. Other formats show the default loader's bar.
+SAFETENSORS_DESC = "Loading safetensors checkpoint shards"
+BARS = {"fastsafetensors": ("Loading fastsafetensors checkpoint shards", "files"),
+        "instanttensor": ("Loading safetensors using InstantTensor loader", "bytes")}
+
+
+def _size(n: float, divisor: int) -> str:
+    """tqdm's format_sizeof: three significant digits and a k/M/G/… suffix."""
+    for unit in ("", "k", "M", "G", "T", "P", "E", "Z"):
+        if abs(n) < 999.5:
+            if abs(n) < 99.95:
+                return f"{n:1.2f}{unit}" if abs(n) < 9.995 else f"{n:2.1f}{unit}"
+            return f"{n:3.0f}{unit}"
+        n /= divisor
+    return f"{n:3.1f}Y"
+
+
+def progress_line(done: float, total: float, elapsed: float, desc: str = SAFETENSORS_DESC,
+                  counts: str = "files") -> str:
+    """One line of vLLM's tqdm bar (bar_format "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt}
+    [{elapsed}<{remaining}, {rate_fmt}]"); a bar of bytes scales n and total by 1024 and its rate by 1000, as
+    tqdm does with unit="B", unit_scale=True, unit_divisor=1024."""
     rate = done / elapsed if done and elapsed > 0 else None
-    if rate is None:
-        remaining, rate_text = "?", "?it/s"
+    remaining = "?" if rate is None else _interval((total - done) / rate)
+    if counts == "bytes":
+        amounts = f"{_size(done, 1024)}/{_size(total, 1024)}"
+        rate_text = "?B/s" if rate is None else f"{_size(rate, 1000)}B/s"
     else:
-        remaining = _interval((total - done) / rate)
-        rate_text = f"{1 / rate:5.2f}s/it" if rate < 1 else f"{rate:5.2f}it/s"
-    return (f"Loading safetensors checkpoint shards: {100 * done / total:3.0f}% Completed | "
-            f"{done}/{total} [{_interval(elapsed)}<{remaining}, {rate_text}]")
+        amounts = f"{done:.0f}/{total:.0f}"
+        rate_text = "?it/s" if rate is None else (f"{1 / rate:5.2f}s/it" if rate < 1 else f"{rate:5.2f}it/s")
+    return (f"{desc}: {100 * done / total:3.0f}% Completed | {amounts} [{_interval(elapsed)}<{remaining}, "
+            f"{rate_text}]")
 
 
-def load_shards(shards: list, delay_s: float) -> int:
-    """Reads all shards, printing one progress line per shard on stderr as tqdm does."""
-    total_bytes = 0
+def load_shards(shards: list, delay_s: float, load_format: str = "auto") -> int:
+    """Reads all shards, printing one progress line per shard on stderr as tqdm does, in the bar of the load
+    format (counted in files or in bytes)."""
+    desc, counts = BARS.get(load_format, (SAFETENSORS_DESC, "files"))
+    sizes = [os.path.getsize(s) for s in shards]
+    total = sum(sizes) if counts == "bytes" else len(shards)
+    done, total_bytes = 0, 0
     start = time.perf_counter()
-    print(progress_line(0, len(shards), 0.0), file=sys.stderr, flush=True)
-    for done, shard in enumerate(shards, start=1):
-        total_bytes += read_shard(shard)
+    print(progress_line(0, total, 0.0, desc, counts), file=sys.stderr, flush=True)
+    for shard in shards:
+        read = read_shard(shard)
+        total_bytes += read
+        done += read if counts == "bytes" else 1
         time.sleep(delay_s)
-        line = progress_line(done, len(shards), time.perf_counter() - start)
+        line = progress_line(done, total, time.perf_counter() - start, desc, counts)
         print(line, file=sys.stderr, flush=True)
     print(line, file=sys.stderr, flush=True)  # tqdm prints the final state again on close
     return total_bytes

@@ -286,11 +286,11 @@ class MultiNode:
                                    f"rank {peer['node_rank']} at {peer['host_ip']}:{peer['mesh_port']} "
                                    f"({err.strerror or err})") from None
 
-    def load(self, shards: list, delay_s: float, timeout_s: float) -> int:
+    def load(self, shards: list, delay_s: float, timeout_s: float, load_format: str = "auto") -> int:
         """This rank's share of the shards; rank 0 returns once every rank has loaded."""
         mine = shards[self.rank::self.nnodes]
         try:
-            total = load_shards(mine, delay_s) if mine else 0
+            total = load_shards(mine, delay_s, load_format) if mine else 0
         except Exception as err:
             _send(self.conn, {"failed": f"{type(err).__name__}: {err}"})
             raise

@@ -1,0 +1,37 @@
+"""Each load format's progress bar, as the double prints it, read by the serve gate's own parser
+(components/remote/serve_ready.py): shards for the default loader, batches for fastsafetensors, bytes for
+InstantTensor."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from vllm_double_support import Double, write_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "components" / "remote"))
+import serve_ready  # noqa: E402  (the gate runs as a script on the node: no package to import it from)
+
+SHARD_BYTES = 256 << 10
+
+
+@pytest.mark.parametrize("load_format, desc, unit", [
+    ("auto", "Loading safetensors checkpoint shards", "shards"),
+    ("fastsafetensors", "Loading fastsafetensors checkpoint shards", "shard batches"),
+    ("instanttensor", "Loading safetensors using InstantTensor loader", "bytes"),
+])
+def test_the_bar_of_each_loader_is_read_by_the_gate(tmp_path, load_format, desc, unit):
+    model = write_model(tmp_path / "lab-tiny", shard_bytes=SHARD_BYTES)
+    double = Double([str(model), "--served-model-name", "lab-tiny", "--max-model-len", "64", "--load-format",
+                     load_format], tmp_path / "double.log", VLLM_DOUBLE_SHARD_DELAY_S="0.1")
+    try:
+        double.wait_ready(timeout=60)
+        bars = [line for line in double.log().splitlines() if re.match(rf"{re.escape(desc)}: +\d+% Completed", line)]
+    finally:
+        double.stop()
+    read = [serve_ready.load_progress(line) for line in bars]
+    total = 4 * SHARD_BYTES if unit == "bytes" else 4
+    step = SHARD_BYTES if unit == "bytes" else 1
+    # tqdm's first line, one a shard, and the last again on close; bytes in 1024-scaled units ("256k/1.00M").
+    assert [(u, round(done / step), round(t / step)) for u, done, t in read] == \
+        [(unit, k, total // step) for k in (0, 1, 2, 3, 4, 4)], bars
