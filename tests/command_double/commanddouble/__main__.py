@@ -3,6 +3,7 @@ SPARK_VLLM_COMMAND_DOUBLE_LOG=<file> every call, and every line sent to the engi
 
 import sys
 
+import providerkit.lean_protos  # noqa: F401  (first: the protos without the SDK's start-up)
 from providerkit import plugin
 
 from .service import CommandDouble

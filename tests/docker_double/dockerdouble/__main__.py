@@ -3,6 +3,7 @@ SPARK_VLLM_DOCKER_DOUBLE_LOG=<file> every call is logged there at DEBUG."""
 
 import sys
 
+import providerkit.lean_protos  # noqa: F401  (first: the protos without the SDK's start-up)
 from providerkit import plugin
 
 from .service import DockerDouble
