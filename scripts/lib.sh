@@ -68,6 +68,14 @@ try_lab_deployed() {
   (try_lab_env && cd "$TRY_LAB_DIR" && pulumi stack output baseUrl --stack lab >/dev/null 2>&1)
 }
 
+# Destroys the try-lab stack, if it exists; the lab stays up.
+try_lab_destroy() {
+  if (try_lab_env && cd "$TRY_LAB_DIR" && pulumi stack select lab 2>/dev/null); then
+    say "destroying the lab stack"
+    (try_lab_env && cd "$TRY_LAB_DIR" && "$REPO/scripts/pulumi" destroy --yes --non-interactive --stack lab)
+  fi
+}
+
 # Which tests pytest's arguments select: "all" (no path given), "lab" (a path under tests/e2e or tests/lab), or
 # "other".
 selected_tests() {
