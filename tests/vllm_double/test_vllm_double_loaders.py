@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from vllm_double_support import Double, write_model
+from vllm_double_support import DOUBLE_SRC, Double, write_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "components" / "remote"))
 import serve_ready  # noqa: E402  (the gate runs as a script on the node: no package to import it from)
@@ -35,3 +35,13 @@ def test_the_bar_of_each_loader_is_read_by_the_gate(tmp_path, load_format, desc,
     # tqdm's first line, one a shard, and the last again on close; bytes in 1024-scaled units ("256k/1.00M").
     assert [(u, round(done / step), round(t / step)) for u, done, t in read] == \
         [(unit, k, total // step) for k in (0, 1, 2, 3, 4, 4)], bars
+
+
+def test_a_loader_whose_package_the_image_lacks_fails_the_load_as_vllm_does(tmp_path):
+    """As in the lab's mp image, which has no `instanttensor`: the load stops with the import's own error."""
+    model = write_model(tmp_path / "lab-tiny", shard_bytes=SHARD_BYTES)
+    double = Double([str(model), "--served-model-name", "lab-tiny", "--max-model-len", "64", "--load-format",
+                     "instanttensor"], tmp_path / "double.log", PYTHONPATH=str(DOUBLE_SRC))
+    assert double.wait_exit(timeout=60) == 1, double.log()
+    assert "ModuleNotFoundError: No module named 'instanttensor'" in double.log()
+    assert "Loading safetensors using InstantTensor loader" not in double.log()

@@ -22,6 +22,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DOUBLE_SRC = REPO / "lab" / "vllm_double"
+# The stand-ins of the loaders' packages (fastsafetensors, instanttensor), importable as in the lab's Ray image.
+LOADER_PACKAGES = DOUBLE_SRC / "loader_packages"
 # Ray rewrites --node-ip-address 127.0.0.1 (and localhost) to the host's outward IP, so the
 # lab-on-one-host uses another loopback address: traffic stays on lo.
 RAY_NODE_IP = "127.0.0.2"
@@ -37,7 +39,7 @@ def double_env(**extra) -> dict:
     env = dict(os.environ)
     env.pop("VLLM_API_KEY", None)
     env.pop("VLLM_HOST_IP", None)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DOUBLE_SRC), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DOUBLE_SRC), str(LOADER_PACKAGES), env.get("PYTHONPATH")]))
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env["VLLM_DOUBLE_SHARD_DELAY_S"] = "0.05"
     env.update({key: str(value) for key, value in extra.items()})

@@ -6,10 +6,8 @@ Anything else is refused by argparse (exit 2), as real vLLM refuses unknown flag
 import argparse
 import re
 
-_LOAD_FORMATS = [  # vLLM 0.33's loader registry (model_executor/model_loader/__init__.py)
-    "auto", "dummy", "fastsafetensors", "hf", "instanttensor", "ipc_cache", "mistral", "modelexpress", "npcache",
-    "pt", "runai_streamer", "runai_streamer_sharded", "safetensors", "sharded_state", "tensorizer",
-]
+from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER
+
 _KV_CACHE_DTYPES = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"]
 _DTYPES = ["auto", "half", "float16", "bfloat16", "float", "float32"]
 _EXECUTOR_BACKENDS = ["ray", "mp", "uni", "external_launcher"]
@@ -63,7 +61,7 @@ def build_parser():
     model.add_argument("--max-model-len", type=_human_int, default=None)
     model.add_argument("--dtype", choices=_DTYPES, default="auto")
     model.add_argument("--trust-remote-code", action="store_true")
-    model.add_argument("--load-format", choices=_LOAD_FORMATS, default="auto")
+    model.add_argument("--load-format", choices=sorted(_LOAD_FORMAT_TO_MODEL_LOADER), default="auto")
     model.add_argument("--download-dir", default=None)
     model.add_argument("--tokenizer", default=None)
     model.add_argument("--seed", type=int, default=None)

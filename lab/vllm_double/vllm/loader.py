@@ -5,6 +5,7 @@ registry, then (after the workers exist) read every *.safetensors shard in full.
 """
 
 import glob
+import importlib
 import json
 import os
 import sys
@@ -129,6 +130,12 @@ BARS = {"fastsafetensors": ("Loading fastsafetensors checkpoint shards", "files"
         "instanttensor": ("Loading safetensors using InstantTensor loader", "bytes")}
 
 
+# The package each load format imports (vLLM's weight_utils.py, behind a PlaceholderModule when it is missing).
+LOADER_PACKAGES = {"fastsafetensors": "fastsafetensors", "instanttensor": "instanttensor",
+                   "runai_streamer": "runai_model_streamer", "runai_streamer_sharded": "runai_model_streamer",
+                   "tensorizer": "tensorizer"}
+
+
 def _size(n: float, divisor: int) -> str:
     """tqdm's format_sizeof: three significant digits and a k/M/G/… suffix."""
     for unit in ("", "k", "M", "G", "T", "P", "E", "Z"):
@@ -159,7 +166,10 @@ def progress_line(done: float, total: float, elapsed: float, desc: str = SAFETEN
 
 def load_shards(shards: list, delay_s: float, load_format: str = "auto") -> int:
     """Reads all shards, printing one progress line per shard on stderr as tqdm does, in the bar of the load
-    format (counted in files or in bytes)."""
+    format (counted in files or in bytes). A format whose package the image lacks fails as vLLM's placeholder
+    module does, with ModuleNotFoundError, once the loader reaches for it."""
+    if load_format in LOADER_PACKAGES:
+        importlib.import_module(LOADER_PACKAGES[load_format])
     desc, counts = BARS.get(load_format, (SAFETENSORS_DESC, "files"))
     sizes = [os.path.getsize(s) for s in shards]
     total = sum(sizes) if counts == "bytes" else len(shards)
