@@ -99,19 +99,20 @@ _WITHOUT_RAY = """
 
 def ensure_inner_image() -> str:
     """Build spark-vllm-lab/ray-vllm on the host unless its label already carries the current stamp."""
-    return _double_image(INNER_IMAGE, _WITH_RAY, "inner")
+    return _double_image(INNER_IMAGE, _WITH_RAY, "inner", ("fastsafetensors", "instanttensor"))
 
 
 def ensure_mp_image() -> str:
-    """Build spark-vllm-lab/vllm-mp (the double, no Ray) unless its label already carries the current stamp."""
-    return _double_image(MP_IMAGE, _WITHOUT_RAY, "mp")
+    """Build spark-vllm-lab/vllm-mp (the double, no Ray) unless its label already carries the current stamp. It has
+    no `instanttensor`, so that the lab can show preflight refusing that load format on an image that lacks it."""
+    return _double_image(MP_IMAGE, _WITHOUT_RAY, "mp", ("fastsafetensors",))
 
 
-def _double_image(ref: str, setup: str, what: str) -> str:
+def _double_image(ref: str, setup: str, what: str, loader_packages: tuple[str, ...]) -> str:
     if not any((VLLM_DOUBLE_DIR / f).exists() for f in ("pyproject.toml", "setup.py")):
         raise LabError(f"{VLLM_DOUBLE_DIR} holds no Python project (pyproject.toml); the {what} image needs it")
     ray_rootfs = _ray_rootfs()
-    stamp = hash_inputs(ray_rootfs.name, setup, VLLM_DOUBLE_DIR, *BUILDERS)
+    stamp = hash_inputs(ray_rootfs.name, setup, VLLM_DOUBLE_DIR, *loader_packages, *BUILDERS)
     current = run(["docker", "image", "inspect", "-f", f'{{{{index .Config.Labels "{SPEC_LABEL}"}}}}',
                    ref], check=False, timeout=60).stdout.strip()
     if current == stamp:
@@ -125,6 +126,9 @@ def _double_image(ref: str, setup: str, what: str) -> str:
         # Offline against the venv's own setuptools: the double needs nothing from PyPI beyond Ray.
         chroot_sh(root, """
             /opt/venv/bin/pip install --no-input --no-index --no-build-isolation /tmp/vllm_double
+            for package in """ + " ".join(loader_packages) + """; do
+                cp -r "/tmp/vllm_double/loader_packages/$package" /opt/venv/lib/python3*/site-packages/
+            done
             rm -rf /tmp/vllm_double
             ln -sf /opt/venv/bin/vllm /usr/local/bin/vllm
             """ + setup + """
@@ -134,6 +138,8 @@ def _double_image(ref: str, setup: str, what: str) -> str:
         new_id = docker_import(root, ref, [
             f"ENV PATH=/opt/venv/bin:{STD_PATH}",
             "ENV VIRTUAL_ENV=/opt/venv",
+            # Ray's usage stats look up usage-stats.ray.io and cloud metadata hosts: no lab traffic leaves the host.
+            "ENV RAY_USAGE_STATS_ENABLED=0",
             'CMD ["/bin/bash"]',
             f"LABEL {SPEC_LABEL}={stamp}",
         ])
