@@ -43,11 +43,12 @@ def load_progress(line):
 
 
 def progress_text(progress, weights, elapsed):
-    """"loading weights 17/39 shards" or "… 10.2/155.0 GiB", then the rate: bytes from the bar when it counts
-    bytes, else the checkpoint's size times the fraction done."""
+    """"loading weights 17/39 shards" or "… 10.2/155.0 GiB" (MiB below a GiB), then the rate: bytes from the bar
+    when it counts bytes, else the checkpoint's size times the fraction done."""
     unit, done, total = progress
     if unit == "bytes":
-        text, read = f"loading weights {done / 2 ** 30:.1f}/{total / 2 ** 30:.1f} GiB", done
+        scale, name = (2 ** 30, "GiB") if total >= 2 ** 30 else (2 ** 20, "MiB")
+        text, read = f"loading weights {done / scale:.1f}/{total / scale:.1f} {name}", done
     else:
         text, read = f"loading weights {done:.0f}/{total:.0f} {unit}", weights * done / total if total else 0
     # A rate over less than a second says nothing; later lines have one.

@@ -107,6 +107,8 @@ def test_progress_text_counts_what_the_loader_counts():
     # Bytes come from the bar itself, not from the checkpoint's size.
     assert progress_text(("bytes", 184 * GIB, 184 * GIB), 1, 23.0) == ("loading weights 184.0/184.0 GiB",
                                                                         ", ~8.59 GB/s")
+    # A checkpoint under a GiB (the lab's) in MiB, not as 0.0/0.0 GiB.
+    assert progress_text(("bytes", 2 << 20, 8 << 20), 1, 0.5) == ("loading weights 2.0/8.0 MiB", "")
 
 
 def running(pid: str) -> bool:
