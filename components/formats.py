@@ -36,6 +36,10 @@ IMAGE = re.compile(rf"(?:{_REGISTRY}/)?{_PATH_PART}(?:/{_PATH_PART})*(?::\w[\w.-
 # count, which the daemon refuses together, so several devices need the inner quotes Docker documents.
 GPUS = re.compile(r'all|none|[1-9][0-9]{0,2}|device=[\w:-]+|"device=[\w:-]+(?:,[\w:-]+)*"', re.ASCII)
 
+# vLLM's load formats are lower-case names with `_` (auto, fastsafetensors, runai_streamer_sharded); which ones an
+# image's vLLM has, and whether their packages import, is preflight's to read from the image.
+LOAD_FORMAT = re.compile(r"[a-z][a-z0-9_]{0,63}", re.ASCII)
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 

@@ -21,6 +21,14 @@ class Docker:
 
 
 @dataclass(frozen=True)
+class LoaderPackage:
+    """A package one of vLLM's loaders imports, as found in the image."""
+    installed: bool
+    version: str = ""
+    error: Optional[str] = None  # why it did not import, installed (started without a GPU)
+
+
+@dataclass(frozen=True)
 class InsideImage:
     """What the image holds, read by starting it."""
     ray: str = ""
@@ -31,6 +39,9 @@ class InsideImage:
     vllm_error: Optional[str] = None  # why `import vllm` failed
     serve_nnodes: Optional[bool] = None  # `vllm serve` takes --nnodes (mp across nodes); None: its help did not run
     serve_help_error: Optional[str] = None  # why `vllm serve --help` did not run
+    load_formats: Optional[tuple[str, ...]] = None  # the formats of vLLM's loader registry; None: not read
+    load_formats_error: Optional[str] = None  # why the registry could not be read
+    loader_packages: Mapping[str, LoaderPackage] = field(default_factory=dict)  # package -> what was found
 
 
 @dataclass(frozen=True)
@@ -224,7 +235,12 @@ def _image(value: Mapping[str, Any]) -> Image:
     return Image(present=value["present"], id=value.get("id", ""), inside=InsideImage(
         ray=inside.get("ray", ""), vllm=inside.get("vllm", ""), archs=archs, error=inside.get("error"),
         ray_error=inside.get("rayError"), vllm_error=inside.get("vllmError"), serve_nnodes=inside.get("serveNnodes"),
-        serve_help_error=inside.get("serveHelpError")))
+        serve_help_error=inside.get("serveHelpError"),
+        load_formats=tuple(inside["loadFormats"]) if "loadFormats" in inside else None,
+        load_formats_error=inside.get("loadFormatsError"),
+        loader_packages={name: LoaderPackage(installed=found["installed"], version=found.get("version", ""),
+                                             error=found.get("error"))
+                         for name, found in inside.get("loaderPackages", {}).items()}))
 
 
 def _gpus(value: Mapping[str, Any]) -> Gpus:

@@ -168,6 +168,11 @@ class Section:
         return self.str(key, default, pattern=_NAME,
                         accepted="a name of lower-case letters, digits and dashes (at most 32)")
 
+    def load_format(self, key: builtins.str, default: Any = _MISSING) -> Any:
+        return self._typed(key, default, "a vLLM load format such as auto, fastsafetensors or instanttensor "
+                                         "(lower-case letters, digits and _; preflight checks that the image has it)",
+                           lambda v: formats.fullmatch(formats.LOAD_FORMAT, v))
+
     def user(self, key: builtins.str, default: Any = _MISSING) -> Any:
         return self._typed(key, default, "a user name of letters, digits, '.', '_' and '-', starting with a letter "
                                          "or '_', at most 32 characters",

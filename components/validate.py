@@ -38,7 +38,6 @@ RAY_PORTS = {"runtime-env-agent-port": ("runtimeEnvAgentPort", 6380),
 RAY_PORT_ENV = {"AUTOSCALER_METRIC_PORT": ("autoscalerMetricsPort", 44217),
                 "DASHBOARD_METRIC_PORT": ("dashboardMetricsPort", 44227)}
 EXECUTORS = ("ray", "mp")  # vLLM's own names for its executors across nodes
-LOAD_FORMATS = ("auto", "safetensors", "fastsafetensors", "runai_streamer", "pt", "dummy")
 
 
 @dataclass(frozen=True)
@@ -278,7 +277,7 @@ def serve(preset: Section, overrides: Section, model_name: str) -> ServeSpec:
                      gpu_memory_utilization=pick("gpuMemoryUtilization").fraction("gpuMemoryUtilization", 0.85),
                      max_model_len=pick("maxModelLen").int("maxModelLen", None, lo=16, hi=1 << 24),
                      enforce_eager=pick("enforceEager").bool("enforceEager", True),
-                     load_format=pick("loadFormat").choice("loadFormat", LOAD_FORMATS, "auto"),
+                     load_format=pick("loadFormat").load_format("loadFormat", "auto"),
                      max_num_seqs=pick("maxNumSeqs").int("maxNumSeqs", None, lo=1, hi=65536),
                      extra_args=_extra_args(pick("extraArgs")),
                      drop_page_cache=pick("dropPageCache").bool("dropPageCache", False),

@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any, Mapping, Optional
 
 from ..spec import Deployment, NodeSpec
-from ..node_facts import GpuSource, Model, NodeFacts
+from ..node_facts import GpuSource, InsideImage, Model, NodeFacts
 from ..fabric_guard import GuardState, chain_name, guard_state
 from ..liveness import Lives
 from ..mp_rank import container_name as rank_container_name
@@ -23,8 +23,16 @@ UNIFIED_UTILIZATION_LIMIT = 0.86
 # CUDA graph capture needs headroom beyond the KV cache; the seed's load was killed at 95 % without eager mode.
 EAGER_OFF_UTILIZATION_LIMIT = 0.80
 OVERHEAD_BYTES_PER_GPU = 4 * GIB  # CUDA context, activations and NCCL buffers: a rough estimate
-CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "weights", "memory", "ports", "guard",
-          "running")
+CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "loader", "weights", "memory", "ports",
+          "guard", "running")
+# The package each load format imports (vLLM 0.33's model_loader/weight_utils.py), and how it gets into an image.
+LOADER_NEEDS = {
+    "fastsafetensors": ("fastsafetensors", "pip install fastsafetensors"),
+    "instanttensor": ("instanttensor", "pip install vllm[instanttensor]"),
+    "runai_streamer": ("runai_model_streamer", "pip install runai-model-streamer"),
+    "runai_streamer_sharded": ("runai_model_streamer", "pip install runai-model-streamer"),
+    "tensorizer": ("tensorizer", "pip install tensorizer"),
+}
 
 
 class Status(StrEnum):
@@ -61,7 +69,8 @@ def evaluate(deployment: Deployment, by_node: dict[str, NodeFacts], lives: Lives
         facts = reachable[node.name]
         findings += [check_gpus(deployment, node, facts), check_fabric(deployment, node, facts, reachable),
                      check_image(deployment, node, facts, ref_image), check_runtime(deployment, node, facts),
-                     check_architecture(deployment, node, facts), check_weights(deployment, node, facts, ref_model),
+                     check_architecture(deployment, node, facts), check_loader(deployment, node, facts),
+                     check_weights(deployment, node, facts, ref_model),
                      check_memory(deployment, node, facts, ref_model)]
         if node.head:
             findings.append(check_ports(deployment, node, facts))
@@ -271,6 +280,43 @@ def check_architecture(deployment: Deployment, node: NodeSpec, facts: NodeFacts)
                        f"vLLM {inside.vllm}",
                        f"use an image whose vLLM supports {archs[0]}, or another model")
     return Finding(node.name, "architecture", Status.OK, f"{', '.join(archs)} is supported by vLLM {inside.vllm}")
+
+
+def check_loader(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+    """The load format is one the image's vLLM has, and the package it imports is in the image: refused here, before
+    any restart, rather than by the serve once the old one is stopped."""
+    fmt, image = deployment.serve.load_format, deployment.serve.image
+    inside = facts.image.inside if facts.image is not None else None
+    if inside is None or inside.error is not None or inside.vllm_error is not None:
+        return _could_not(node.name, "loader", "the image's vLLM did not start (see ray+vllm)")
+    if inside.load_formats is None:
+        return _could_not(node.name, "loader", f"vLLM {inside.vllm} does not list its load formats "
+                                               f"({inside.load_formats_error})")
+    if fmt not in inside.load_formats:
+        return Finding(node.name, "loader", Status.FAIL, f"vLLM {inside.vllm} in {image} has no load format {fmt}",
+                       f"use one it has ({', '.join(inside.load_formats)}), or an image whose vLLM has {fmt}")
+    if fmt not in LOADER_NEEDS:
+        return Finding(node.name, "loader", Status.OK, f"{fmt} is a load format of vLLM {inside.vllm}")
+    package, install = LOADER_NEEDS[fmt]
+    found = inside.loader_packages.get(package)
+    if found is None:
+        return _could_not(node.name, "loader", f"the image was not asked for `{package}`")
+    if not found.installed:
+        other = "fastsafetensors" if fmt != "fastsafetensors" and _imports(inside, "fastsafetensors") else "auto"
+        return Finding(node.name, "loader", Status.FAIL,
+                       f"{image} has no `{package}` package, which load format {fmt} needs",
+                       f"{install} into the image, or use loadFormat {other}")
+    if found.error is not None:
+        return Finding(node.name, "loader", Status.WARN,
+                       f"`{package}` is in {image} but did not import without a GPU ({found.error}); the load will "
+                       f"tell")
+    version = f" {found.version}" if found.version else ""
+    return Finding(node.name, "loader", Status.OK, f"{fmt}: `{package}`{version} imports in vLLM {inside.vllm}'s image")
+
+
+def _imports(inside: InsideImage, package: str) -> bool:
+    found = inside.loader_packages.get(package)
+    return found is not None and found.installed and found.error is None
 
 
 def _some(names: list[str]) -> str:

@@ -20,6 +20,8 @@ import urllib.request
 from datetime import datetime, timezone
 
 MARK = "SPARK_VLLM_PREFLIGHT "
+# The packages vLLM's loaders import (model_loader/weight_utils.py, each behind a PlaceholderModule when missing).
+LOADER_PACKAGES = ("fastsafetensors", "instanttensor", "runai_model_streamer", "tensorizer")
 # Run inside the image: what `vllm serve` will import, and the architectures its registry knows.
 INSIDE_IMAGE = """
 import json
@@ -36,6 +38,24 @@ try:
     facts["archs"] = sorted(ModelRegistry.get_supported_archs())
 except Exception as e:
     facts["vllmError"] = type(e).__name__ + ": " + str(e)
+else:
+    try:
+        from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER
+        facts["loadFormats"] = sorted(_LOAD_FORMAT_TO_MODEL_LOADER)
+    except Exception as e:
+        facts["loadFormatsError"] = type(e).__name__ + ": " + str(e)
+# The loaders' packages: installed or not, then whether they import here (no GPU: some may need one to import).
+import importlib
+import importlib.util
+packages = facts["loaderPackages"] = {}
+for name in %(packages)r:
+    if importlib.util.find_spec(name) is None:
+        packages[name] = {"installed": False}
+        continue
+    try:
+        packages[name] = {"installed": True, "version": str(getattr(importlib.import_module(name), "__version__", ""))}
+    except Exception as e:
+        packages[name] = {"installed": True, "error": type(e).__name__ + ": " + str(e)}
 # The mp executor across nodes needs a `vllm serve` that takes --nnodes. vLLM groups its help (--help=all lists
 # every flag); an argparse without groups takes only --help.
 import subprocess
@@ -50,8 +70,8 @@ for argv in (["vllm", "serve", "--help=all"], ["vllm", "serve", "--help"]):
         facts["serveNnodes"] = "--nnodes" in done.stdout
         break
     facts["serveHelpError"] = (done.stdout.strip().splitlines() or ["exit " + str(done.returncode)])[-1]
-print("%s" + json.dumps(facts))
-""" % MARK
+print(%(mark)r + json.dumps(facts))
+""" % {"mark": MARK, "packages": LOADER_PACKAGES}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 CACHE_DIR = os.path.expanduser("~/.cache/spark-vllm/preflight")
 CONFIG_KEYS = ("architectures", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -143,7 +163,7 @@ def image(spec):
         raise Unavailable(f"`docker image inspect` failed: {error_line(err)}")
     facts = {"present": True, "id": out.strip()}
     # An image id names its contents, so what is inside is read once per id: importing vLLM takes a while.
-    cache = os.path.join(CACHE_DIR, "inside2-" + facts["id"].replace("sha256:", "") + ".json")
+    cache = os.path.join(CACHE_DIR, "inside3-" + facts["id"].replace("sha256:", "") + ".json")
     try:
         with open(cache) as f:
             facts["inside"] = json.load(f)

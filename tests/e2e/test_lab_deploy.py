@@ -8,6 +8,7 @@ through node1 as SSH jump host in every scenario.
 from __future__ import annotations
 
 import json
+import re
 import socket
 
 import pytest
@@ -85,6 +86,20 @@ def test_serve_only_change_replaces_only_the_serve_chain(stack):
     run = stack.up()
     for k in range(1, 5):
         assert f"loading weights {k}/4 shard batches" in run.output, run.output
+    assert stack.outputs()["containerIds"] == before
+    assert_serving(stack)
+
+
+def test_instanttensor_passes_preflight_on_an_image_with_it_and_shows_the_bytes_it_loads(stack):
+    """The lab's Ray image has the stand-in of `instanttensor` (vllm[instanttensor]); its bar counts bytes."""
+    before = stack.outputs()["containerIds"]
+    stack.set_config("serve.loadFormat", "instanttensor")
+    run = stack.up()
+    for node in ("node1", "node2"):
+        assert re.search(rf"{node}\s+loader\s+ok\s+instanttensor: `instanttensor` 0\.0\.0\+lab imports", run.output), \
+            run.output
+    loaded = re.findall(r"loading weights (\d+\.\d)/16\.0 MiB", run.output)  # 4 shards of 4 MiB
+    assert loaded and loaded[-1] == "16.0", run.output
     assert stack.outputs()["containerIds"] == before
     assert_serving(stack)
 

@@ -248,6 +248,21 @@ def test_ray_with_the_rayless_image_is_refused_by_preflight(mp):
     mp.pulumi("config", "rm", "--path", "spark-vllm:serve.executor", check=True)
 
 
+def test_instanttensor_on_an_image_without_it_is_refused_by_preflight_before_any_restart(mp):
+    """The lab's mp image has no `instanttensor` package (its Ray image has one)."""
+    before = {node: containers(node) for node in (1, 2)}
+    ids = mp.outputs()["containerIds"]
+    mp.set_config("serve.loadFormat", "instanttensor")
+    run = mp.up(check=False)
+    assert run.returncode != 0
+    assert (f"{IMAGE} has no `instanttensor` package, which load format instanttensor needs. Fix: pip install "
+            "vllm[instanttensor] into the image, or use loadFormat fastsafetensors") in run.output, run.output
+    assert [op for op, name in steps(run) if op != "same"] == [], steps(run)
+    assert {node: containers(node) for node in (1, 2)} == before and mp.outputs()["containerIds"] == ids
+    mp.pulumi("config", "rm", "--path", "spark-vllm:serve.loadFormat", check=True)
+    assert planned(mp.pulumi("preview", check=True)) == {}
+
+
 def test_destroy_leaves_nothing(mp):
     mp.pulumi("destroy", check=True, timeout=600)
     assert containers(1) == [] and containers(2) == []

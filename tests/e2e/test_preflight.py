@@ -72,7 +72,8 @@ def test_a_clean_preview_shows_the_table_and_passes(pf):
     run = pf.pulumi("preview", check=True)
     table = rows(run)
     assert not_ok(run) == {}, run.output
-    assert len(table) == 2 * 10 + 1  # ten checks a node, and the head's ports
+    assert len(table) == 2 * 11 + 1  # eleven checks a node, and the head's ports
+    assert table[("node2", "loader")] == ("ok", "auto is a load format of vLLM 0.0.0+double")
     assert table[("node2", "ssh+docker")][1].startswith("ssh root@10.87.200.12 via node1; Docker ")
     assert table[("node2", "gpus")] == ("ok", "1 GPU (NVIDIA GB10 (lab stand-in)) from preflight.gpuProbe of the "
                                               "cluster catalog, a stand-in for nvidia-smi -L")

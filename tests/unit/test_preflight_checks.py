@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -23,7 +24,7 @@ from components.node_facts import Docker, parse
 from components.preflight import probing as preflight_probe
 from components.preflight.table import render
 from components.fabric_guard import chain_name
-from components.preflight.judging import CHECKS, Finding, evaluate
+from components.preflight.judging import CHECKS, LOADER_NEEDS, Finding, evaluate
 from components.schema import ConfigError
 from components.node_runner import provider_ssh_opts
 from fixtures import cluster_with, stack_config, write_catalog
@@ -39,6 +40,10 @@ MODEL_FILES = [["config.json", 900], *[[name, 6 * GIB] for name in SHARDS], ["to
 # 64 layers x 8 KV heads x 128 x K,V x 2 bytes = 256 KiB a token; 8192 tokens = 2 GiB, a third on each node.
 MODEL_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 64, "num_key_value_heads": 8,
                 "head_dim": 128, "max_position_embeddings": 40960}
+# vLLM 0.33's loader registry (SPARK-FACTS.md, from model_executor/model_loader/__init__.py).
+LOAD_FORMATS = ("auto", "dummy", "fastsafetensors", "hf", "instanttensor", "ipc_cache", "mistral", "modelexpress",
+                "npcache", "pt", "runai_streamer", "runai_streamer_sharded", "safetensors", "sharded_state",
+                "tensorizer")
 NEED = "weights 6.0 GiB, KV for one 8192-token sequence 682.7 MiB, overhead 4.0 GiB"
 
 
@@ -56,7 +61,11 @@ def healthy() -> dict:
         facts[name] = {
             "seconds": 1.2,
             "docker": {"server": "28.0.1", "driver": "overlay2"},
-            "image": {"present": True, "id": IMAGE_ID, "inside": {"ray": "2.60.0", "vllm": "0.11.0", "archs": ARCHS}},
+            "image": {"present": True, "id": IMAGE_ID, "inside": {
+                "ray": "2.60.0", "vllm": "0.11.0", "archs": ARCHS, "loadFormats": list(LOAD_FORMATS),
+                "loaderPackages": {"fastsafetensors": {"installed": True, "version": "0.1.15"},
+                                   "instanttensor": {"installed": False}, "runai_model_streamer": {"installed": False},
+                                   "tensorizer": {"installed": False}}}},
             "gpus": {"source": "nvidia-smi", "names": ["NVIDIA GB10"]},
             "fabric": {"exists": True, "up": True, "state": "UP", "mtu": 9000,
                        "addrs": {"lo": ["127.0.0.1/8"], "enP7s7": ["10.10.10.1/24"], "enp1s0f1np1": [f"{ip}/24"]},
@@ -368,7 +377,8 @@ def mp_image(facts, **inside):
     """The facts of an NGC-like image without Ray, whose `vllm serve` takes --nnodes unless `inside` says."""
     for node in facts.values():
         node["image"]["inside"] = {"rayError": "ModuleNotFoundError: No module named 'ray'", "vllm": "0.31.0",
-                                   "archs": ARCHS, "serveNnodes": True, **inside}
+                                   "archs": ARCHS, "serveNnodes": True, "loadFormats": list(LOAD_FORMATS),
+                                   "loaderPackages": node["image"]["inside"]["loaderPackages"], **inside}
     facts["spark1"]["ports"] = {"29501": {"free": True}, "8000": {"free": True}, "29511": {"free": True}}
     return facts
 
@@ -418,6 +428,74 @@ def test_an_image_where_python_does_not_run_fails(tmp_path):
     assert one(d, facts, "spark1", "ray+vllm") == (
         "fail", "python3 does not run in vllm:a: docker: Error response from daemon: failed to create task: exec: "
                 "\"python3\": executable file not found in $PATH: unknown.", "use an image with python3, Ray and vLLM")
+
+
+# ---- loader ----
+
+def test_the_default_load_format_is_one_the_images_vllm_has(tmp_path):
+    assert one(deployment(tmp_path), healthy(), "spark2", "loader") == (
+        "ok", "auto is a load format of vLLM 0.11.0", "")
+
+
+def test_a_loader_whose_package_imports_passes_with_its_version(tmp_path):
+    d = deployment(tmp_path, serve={"loadFormat": "fastsafetensors"})
+    assert one(d, healthy(), "spark3", "loader") == (
+        "ok", "fastsafetensors: `fastsafetensors` 0.1.15 imports in vLLM 0.11.0's image", "")
+
+
+def test_instanttensor_without_its_package_fails_on_every_node_naming_the_image_and_the_fix(tmp_path):
+    d = deployment(tmp_path, serve={"loadFormat": "instanttensor"})
+    table = judged(d, healthy())
+    for node in ("spark1", "spark2", "spark3"):
+        f = table[(node, "loader")]
+        assert (f.status, f.reason, f.fix) == (
+            "fail", "vllm:a has no `instanttensor` package, which load format instanttensor needs",
+            "pip install vllm[instanttensor] into the image, or use loadFormat fastsafetensors")
+
+
+def test_without_fastsafetensors_either_the_fix_falls_back_to_the_default_loader(tmp_path):
+    facts = healthy()
+    facts["spark2"]["image"]["inside"]["loaderPackages"]["fastsafetensors"] = {"installed": False}
+    d = deployment(tmp_path, serve={"loadFormat": "fastsafetensors"})
+    assert one(d, facts, "spark2", "loader") == (
+        "fail", "vllm:a has no `fastsafetensors` package, which load format fastsafetensors needs",
+        "pip install fastsafetensors into the image, or use loadFormat auto")
+    d = deployment(tmp_path, serve={"loadFormat": "runai_streamer"})
+    assert one(d, facts, "spark2", "loader")[2] == ("pip install runai-model-streamer into the image, or use "
+                                                    "loadFormat auto")
+
+
+def test_a_format_the_images_vllm_lacks_fails_listing_those_it_has(tmp_path):
+    facts = healthy()
+    facts["spark1"]["image"]["inside"]["loadFormats"] = ["auto", "dummy", "safetensors"]
+    d = deployment(tmp_path, serve={"loadFormat": "instanttensor"})
+    assert one(d, facts, "spark1", "loader") == (
+        "fail", "vLLM 0.11.0 in vllm:a has no load format instanttensor",
+        "use one it has (auto, dummy, safetensors), or an image whose vLLM has instanttensor")
+
+
+def test_a_package_that_does_not_import_without_a_gpu_only_warns(tmp_path):
+    facts = healthy()
+    facts["spark3"]["image"]["inside"]["loaderPackages"]["instanttensor"] = {
+        "installed": True, "error": "RuntimeError: no CUDA device"}
+    d = deployment(tmp_path, serve={"loadFormat": "instanttensor"})
+    assert one(d, facts, "spark3", "loader") == (
+        "warn", "`instanttensor` is in vllm:a but did not import without a GPU (RuntimeError: no CUDA device); the "
+                "load will tell", "")
+
+
+def test_a_vllm_without_the_loader_registry_could_not_be_checked(tmp_path):
+    facts = healthy()
+    inside = facts["spark2"]["image"]["inside"]
+    del inside["loadFormats"]
+    inside["loadFormatsError"] = "ImportError: cannot import name '_LOAD_FORMAT_TO_MODEL_LOADER'"
+    assert one(deployment(tmp_path), facts, "spark2", "loader") == (
+        "warn", "could not check: vLLM 0.11.0 does not list its load formats (ImportError: cannot import name "
+                "'_LOAD_FORMAT_TO_MODEL_LOADER')", "")
+
+
+def test_the_probe_asks_the_image_for_every_package_a_loader_needs():
+    assert {package for package, _ in LOADER_NEEDS.values()} == set(load_probe().LOADER_PACKAGES)
 
 
 # ---- architecture ----
@@ -809,7 +887,7 @@ def test_the_table_lists_every_finding_with_its_fix(tmp_path):
     assert "spark2  weights       FAIL    spark2 lacks model-00003-of-00003.safetensors. Fix: " + RSYNC in lines
     assert ("spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; "
             "29511 (watchdog) free") in lines
-    assert len(lines) == 1 + 3 * 10 + 1
+    assert len(lines) == 1 + 3 * 11 + 1
 
 
 def test_a_failure_stops_the_program_before_any_resource_with_the_whole_table(tmp_path, monkeypatch):
@@ -983,8 +1061,9 @@ esac
     assert first == second == {"present": True, "id": "sha256:ab12",
                                "inside": {"ray": "2.60.0", "vllm": "0.11.0", "archs": ["A"]}}
     assert runs.read_text().count("run") == 1
-    # inside2-: the facts gained serveNnodes; a cache from before lacks it, and is not read.
-    assert (tmp_path / "home/.cache/spark-vllm/preflight/inside2-ab12.json").exists()
+    # inside3-: the facts gained the load formats and the loaders' packages; a cache from before lacks them, and
+    # is not read.
+    assert (tmp_path / "home/.cache/spark-vllm/preflight/inside3-ab12.json").exists()
     (tmp_path / "id").write_text("cd34")  # a new image under the same tag is read again
     assert probe.image(spec)["id"] == "sha256:cd34" and runs.read_text().count("run") == 2
 
@@ -1013,3 +1092,20 @@ def test_the_probe_asks_the_images_vllm_serve_for_nnodes(tmp_path, monkeypatch, 
                           timeout=120, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
     facts = json.loads(done.stdout.split(preflight_probe.MARK)[-1])
     assert facts["serveNnodes"] is expected, facts
+
+
+@pytest.mark.parametrize("with_instanttensor", [True, False])
+def test_the_probe_reads_the_load_formats_and_the_loaders_packages_from_the_vllm_double(tmp_path, with_instanttensor):
+    """As in the lab's images: the Ray one has the stand-ins of fastsafetensors and instanttensor, the mp one only
+    the first."""
+    double = ROOT / "lab" / "vllm_double"
+    for package in ("fastsafetensors", "instanttensor") if with_instanttensor else ("fastsafetensors",):
+        shutil.copytree(double / "loader_packages" / package, tmp_path / package)
+    done = subprocess.run([sys.executable, "-c", load_probe().INSIDE_IMAGE], capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{double}:{tmp_path}"})
+    facts = json.loads(done.stdout.split(preflight_probe.MARK)[-1])
+    assert facts["loadFormats"] == list(LOAD_FORMATS), facts
+    assert facts["loaderPackages"] == {
+        "fastsafetensors": {"installed": True, "version": "0.0.0+lab"},
+        "instanttensor": {"installed": True, "version": "0.0.0+lab"} if with_instanttensor else {"installed": False},
+        "runai_model_streamer": {"installed": False}, "tensorizer": {"installed": False}}
