@@ -179,6 +179,19 @@ class Running:
 
 
 @dataclass(frozen=True)
+class Disk:
+    """The weights' disk read past the page cache: how many bytes of which weight file, in how long."""
+    file: str = ""
+    bytes: int = 0
+    seconds: float = 0.0
+    unavailable: Optional[str] = None
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     ssh_error: Optional[str] = None  # SSH failed, so nothing was gathered
     probe_error: Optional[str] = None  # the probe did not run, so nothing was gathered
@@ -189,6 +202,7 @@ class NodeFacts:
     gpus: Gpus = Gpus()
     fabric: Fabric = Fabric()
     model: Optional[Model] = None
+    disk: Optional[Disk] = None  # None when the weights are not there
     memory: Memory = Memory()
     ports: Optional[Ports] = None
     guard: Optional[Guard] = None
@@ -216,6 +230,8 @@ def parse(raw: Mapping[str, Any]) -> NodeFacts:
         gpus=group("gpus", Gpus, _gpus) or Gpus(),
         fabric=group("fabric", Fabric, _fabric) or Fabric(),
         model=group("model", Model, _model),
+        disk=group("disk", Disk, lambda value: Disk(file=value["file"], bytes=value["bytes"],
+                                                    seconds=value["seconds"])),
         memory=group("memory", Memory, lambda value: Memory(total_kib=value["totalKib"])) or Memory(),
         ports=group("ports", Ports, _ports),
         guard=group("guard", Guard, lambda value: Guard(hooked=tuple(value["hooked"]))),

@@ -11,6 +11,7 @@ from ..spec import Deployment, NodeSpec
 from ..node_facts import GpuSource, InsideImage, Model, NodeFacts
 from ..fabric_guard import GuardState, chain_name, guard_state
 from ..liveness import Lives
+from ..load_floor import node_floor, weight_bytes
 from ..mp_rank import container_name as rank_container_name
 from ..ray_node import container_name
 from ..text import size
@@ -23,8 +24,8 @@ UNIFIED_UTILIZATION_LIMIT = 0.86
 # CUDA graph capture needs headroom beyond the KV cache; the seed's load was killed at 95 % without eager mode.
 EAGER_OFF_UTILIZATION_LIMIT = 0.80
 OVERHEAD_BYTES_PER_GPU = 4 * GIB  # CUDA context, activations and NCCL buffers: a rough estimate
-CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "loader", "weights", "memory", "ports",
-          "guard", "running")
+CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "loader", "weights", "disk", "memory",
+          "ports", "guard", "running")
 # The package each load format imports (vLLM 0.33's model_loader/weight_utils.py), and how it gets into an image.
 LOADER_NEEDS = {
     "fastsafetensors": ("fastsafetensors", "pip install fastsafetensors"),
@@ -70,7 +71,7 @@ def evaluate(deployment: Deployment, by_node: dict[str, NodeFacts], lives: Lives
         findings += [check_gpus(deployment, node, facts), check_fabric(deployment, node, facts, reachable),
                      check_image(deployment, node, facts, ref_image), check_runtime(deployment, node, facts),
                      check_architecture(deployment, node, facts), check_loader(deployment, node, facts),
-                     check_weights(deployment, node, facts, ref_model),
+                     check_weights(deployment, node, facts, ref_model), check_disk(deployment, node, facts),
                      check_memory(deployment, node, facts, ref_model)]
         if node.head:
             findings.append(check_ports(deployment, node, facts))
@@ -317,6 +318,20 @@ def check_loader(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Fi
 def _imports(inside: InsideImage, package: str) -> bool:
     found = inside.loader_packages.get(package)
     return found is not None and found.installed and found.error is None
+
+
+def check_disk(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+    """The floor of a load on this node: its weights over its disk's read speed, past the page cache."""
+    disk = facts.disk
+    if disk is None:
+        return _could_not(node.name, "disk", f"{deployment.serve.model_path} is not on the node")
+    if disk.unavailable:
+        return _could_not(node.name, "disk", disk.unavailable)
+    weights, seconds = weight_bytes(facts.model), node_floor(facts)
+    return Finding(node.name, "disk", Status.OK,
+                   f"reads {disk.bytes_per_second / 1e9:.2f} GB/s past the page cache ({size(disk.bytes)} of "
+                   f"{disk.file} in {disk.seconds:.2f} s), so loading its {size(weights or 0)} of weights takes at "
+                   f"least {seconds or 0:.1f} s")
 
 
 def _some(names: list[str]) -> str:

@@ -72,8 +72,11 @@ def test_a_clean_preview_shows_the_table_and_passes(pf):
     run = pf.pulumi("preview", check=True)
     table = rows(run)
     assert not_ok(run) == {}, run.output
-    assert len(table) == 2 * 11 + 1  # eleven checks a node, and the head's ports
+    assert len(table) == 2 * 12 + 1  # twelve checks a node, and the head's ports
     assert table[("node2", "loader")] == ("ok", "auto is a load format of vLLM 0.0.0+double")
+    assert re.fullmatch(r"reads [\d.]+ GB/s past the page cache \([\d.]+ MiB of model-0000\d-of-00004\.safetensors in "
+                        r"[\d.]+ s\), so loading its 16\.0 MiB of weights takes at least [\d.]+ s",
+                        table[("node2", "disk")][1]), table[("node2", "disk")]
     assert table[("node2", "ssh+docker")][1].startswith("ssh root@10.87.200.12 via node1; Docker ")
     assert table[("node2", "gpus")] == ("ok", "1 GPU (NVIDIA GB10 (lab stand-in)) from preflight.gpuProbe of the "
                                               "cluster catalog, a stand-in for nvidia-smi -L")

@@ -72,6 +72,7 @@ def healthy() -> dict:
                        "routes": {peer: {"dev": "enp1s0f1np1", "src": ip, "via": None}
                                   for peer in FABRIC if peer != name}},
             "model": {"exists": True, "files": copy.deepcopy(MODEL_FILES), "config": dict(MODEL_CONFIG)},
+            "disk": {"file": SHARDS[0], "bytes": GIB, "seconds": 0.5},
             "memory": {"totalKib": 128 * 1024 * 1024},
             "guard": {"hooked": ["svl-test-0f042094"]},
             "running": {"containers": {}},  # nothing deployed yet
@@ -428,6 +429,41 @@ def test_an_image_where_python_does_not_run_fails(tmp_path):
     assert one(d, facts, "spark1", "ray+vllm") == (
         "fail", "python3 does not run in vllm:a: docker: Error response from daemon: failed to create task: exec: "
                 "\"python3\": executable file not found in $PATH: unknown.", "use an image with python3, Ray and vLLM")
+
+
+# ---- disk ----
+
+def test_the_disk_row_gives_the_floor_of_the_nodes_load(tmp_path):
+    assert one(deployment(tmp_path), healthy(), "spark2", "disk") == (
+        "ok", f"reads 2.15 GB/s past the page cache (1.0 GiB of {SHARDS[0]} in 0.50 s), so loading its 18.0 GiB of "
+              "weights takes at least 9.0 s", "")
+
+
+def test_a_disk_that_cannot_be_read_past_the_page_cache_only_warns(tmp_path):
+    facts = healthy()
+    facts["spark3"]["disk"] = {"unavailable": f"{SHARDS[0]} cannot be opened with O_DIRECT here (Invalid argument), "
+                                              "so a read would come from the page cache"}
+    assert one(deployment(tmp_path), facts, "spark3", "disk") == (
+        "warn", f"could not check: {SHARDS[0]} cannot be opened with O_DIRECT here (Invalid argument), so a read "
+                "would come from the page cache", "")
+
+
+def test_the_probe_reads_one_weight_file_past_the_page_cache_once_per_boot(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    probe = load_probe()
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "a.safetensors").write_bytes(b"x" * (3 << 20))
+    (tmp_path / "m" / "b.safetensors").write_bytes(b"y" * (5 << 20))
+    weights = [["a.safetensors", 3 << 20], ["b.safetensors", 5 << 20]]
+    first = probe.disk({"modelPath": str(tmp_path / "m")}, weights)
+    assert first["file"] == "b.safetensors" and first["bytes"] == 5 << 20 and first["seconds"] > 0, first
+
+    def no_read(*args):
+        raise AssertionError("read again")
+
+    monkeypatch.setattr(probe.os, "open", no_read)  # the first measure is kept for this boot and file
+    assert probe.disk({"modelPath": str(tmp_path / "m")}, weights) == first
+    assert len(list((tmp_path / "home/.cache/spark-vllm/preflight").glob("disk-*.json"))) == 1
 
 
 # ---- loader ----
@@ -887,7 +923,7 @@ def test_the_table_lists_every_finding_with_its_fix(tmp_path):
     assert "spark2  weights       FAIL    spark2 lacks model-00003-of-00003.safetensors. Fix: " + RSYNC in lines
     assert ("spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; "
             "29511 (watchdog) free") in lines
-    assert len(lines) == 1 + 3 * 11 + 1
+    assert len(lines) == 1 + 3 * 12 + 1
 
 
 def test_a_failure_stops_the_program_before_any_resource_with_the_whole_table(tmp_path, monkeypatch):
