@@ -39,6 +39,7 @@ class Gate(pulumi.ComponentResource):
     """
 
     ready_id: pulumi.Output[str]
+    output: pulumi.Output[str]  # what the script printed, kept in the state until it runs again
 
     def __init__(self, name: str, args: GateArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:Gate", name, None, opts)
@@ -52,5 +53,5 @@ class Gate(pulumi.ComponentResource):
             triggers=list(args.triggers),
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"], depends_on=list(args.after)))
-        self.ready_id = check.id
+        self.ready_id, self.output = check.id, check.stdout
         self.register_outputs({"readyId": self.ready_id})
