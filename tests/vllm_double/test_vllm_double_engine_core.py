@@ -42,6 +42,21 @@ def test_a_stopped_engine_core_hangs_completions_while_health_answers(tmp_path):
         assert double.stop() == 0
 
 
+def test_a_wedged_engine_core_with_a_request_in_flight_still_stops_cleanly(tmp_path):
+    """SIGTERM kills the stopped core under a waiting request: that is shutdown, not an engine death (exit 0)."""
+    double = serve(tmp_path)
+    try:
+        os.kill(engine_core_pid(double), signal.SIGSTOP)
+        try:
+            http(double.url + "/v1/completions", "POST", {"model": "lab-tiny", "prompt": "ping"}, timeout=1)
+            raise AssertionError("a completion came back from a stopped engine core")
+        except TimeoutError:
+            pass
+    finally:
+        assert double.stop() == 0
+    assert "died unexpectedly" not in double.log() and "encountered an issue" not in double.log()
+
+
 def test_a_dead_engine_core_ends_the_api_server(tmp_path):
     double = serve(tmp_path)
     try:

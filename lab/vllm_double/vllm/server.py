@@ -141,6 +141,7 @@ class EngineCore:
         self.proc = subprocess.Popen([sys.executable, "-c", _ENGINE_LOOP, "VLLM::EngineCore"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.lock = threading.Lock()
+        self.stopping = False  # set by the server's own shutdown: a step cut short by it is no death
 
     def step(self) -> bool:
         """One round trip; False when the engine core is dead."""
@@ -153,6 +154,7 @@ class EngineCore:
                 return False
 
     def stop(self) -> None:
+        self.stopping = True
         self.proc.kill()
         self.proc.wait()
 
@@ -323,6 +325,9 @@ class _Handler(BaseHTTPRequestHandler):
             build = chat_generation if path == "/v1/chat/completions" else completion_generation
             generation = build(self.config, request)
             if not self.server.engine.step():
+                if self.server.engine.stopping:  # shutting down: the request is aborted, unanswered
+                    self.close_connection = True
+                    return None
                 logger.error("EngineCore encountered an issue. See stack trace for the root cause.")
                 threading.Thread(target=self.server.shutdown, daemon=True).start()
                 self.server.engine_dead = True
