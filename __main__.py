@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pulumi
 
-from components import load_floor, preflight, pulumi_config, spec
+from components import load_floor, preflight, pulumi_config, spec, weight_manifests
 from components.fabric_guard import FabricGuard, FabricGuardArgs
 from components.gate import Gate, GateArgs
 from components.gate_args import cluster_ready_args, rank_ready_args, serve_ready_args
@@ -130,5 +130,6 @@ pulumi.export("servedModel", serve.served_name)
 pulumi.export("fabricIps", {node.name: node.fabric_ip for node in cluster.nodes})
 pulumi.export("containerIds", container_ids)
 # The last load against its floor (the slowest node's weights over its disk's read speed), from the serve gate.
-weights, floor = load_floor.weight_bytes(facts[cluster.head.name].model) if facts else None, load_floor.floor(facts)
+weights = weight_manifests.weight_bytes(facts[cluster.head.name].model) if facts else None
+floor = load_floor.floor(facts)
 pulumi.export("load", serve_ready.output.apply(lambda out: load_floor.report(out, weights, floor)))

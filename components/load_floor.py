@@ -6,16 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Optional
 
-from .node_facts import Model, NodeFacts
-from .weight_manifests import WEIGHT_SUFFIXES
+from .node_facts import NodeFacts
+from .weight_manifests import weight_bytes
 
 TOOK = re.compile(r"Loading weights took ([0-9.]+) seconds")  # vLLM's own line, which the serve gate relays
-
-
-def weight_bytes(model: Optional[Model]) -> Optional[int]:
-    if model is None or not model.exists:
-        return None
-    return sum(size for name, size in model.files if name.endswith(WEIGHT_SUFFIXES))
 
 
 def node_floor(facts: NodeFacts) -> Optional[float]:

@@ -11,6 +11,13 @@ from .node_facts import Model, NodeFacts
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
+def weight_bytes(model: Optional[Model]) -> Optional[int]:
+    """The size of the weight files a node has; None when it has no weights folder."""
+    if model is None or not model.exists:
+        return None
+    return sum(size for name, size in model.files if name.endswith(WEIGHT_SUFFIXES))
+
+
 def manifest(model: Optional[Model]) -> dict:
     """What the sync compares: file names and sizes, and SHA-256 sums when preflight took them."""
     if model is None or not model.exists:

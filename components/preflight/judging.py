@@ -11,11 +11,11 @@ from ..spec import Deployment, NodeSpec
 from ..node_facts import GpuSource, InsideImage, Model, NodeFacts
 from ..fabric_guard import GuardState, chain_name, guard_state
 from ..liveness import Lives
-from ..load_floor import node_floor, weight_bytes
+from ..load_floor import node_floor
 from ..mp_rank import container_name as rank_container_name
 from ..ray_node import container_name
 from ..text import size
-from ..weight_manifests import WEIGHT_SUFFIXES, weight_differences
+from ..weight_manifests import WEIGHT_SUFFIXES, weight_bytes, weight_differences
 
 GIB = 1 << 30
 # On a GB10 about 101-102 GiB of 121.69 GiB is free at boot, and vLLM refuses to start when the requested share
@@ -430,7 +430,7 @@ def check_memory(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: 
         return _could_not(node.name, "memory", "no node has the weights, so their size is unknown")
     world = serve.tensor_parallel * serve.pipeline_parallel
     share = cluster.gpus_per_node / world  # this node's part of the weights and of the KV cache
-    weights = sum(n for name, n in model.files if name.endswith(WEIGHT_SUFFIXES)) * share
+    weights = (weight_bytes(model) or 0) * share
     config = model.config or {}
     max_len = serve.max_model_len or config.get("max_position_embeddings")
     per_token = kv_bytes_per_token(config)

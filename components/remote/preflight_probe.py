@@ -165,27 +165,39 @@ def image(spec):
     facts = {"present": True, "id": out.strip()}
     # An image id names its contents, so what is inside is read once per id: importing vLLM takes a while.
     cache = os.path.join(CACHE_DIR, "inside3-" + facts["id"].replace("sha256:", "") + ".json")
-    try:
-        with open(cache) as f:
-            facts["inside"] = json.load(f)
+    kept = cached(cache)
+    if kept is not None:
+        facts["inside"] = kept
         return facts
-    except (OSError, ValueError):
-        pass
     rc, out, err = sh(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", spec["image"],
                        "-c", INSIDE_IMAGE], spec["imageTimeout"])
     found = [line[len(MARK):] for line in out.splitlines() if line.startswith(MARK)]
     if rc != 0 or not found:
         facts["inside"] = {"error": error_line(err or out)}  # not cached: the next run tries again
         return facts
-    facts["inside"] = json.loads(found[-1])
+    facts["inside"] = keep(cache, json.loads(found[-1]))
+    return facts
+
+
+def cached(path):
+    """What keep() wrote at `path`, or None."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def keep(path, value):
+    """Writes `value` at `path` for later runs (whole or not at all), and returns it."""
     try:
         os.makedirs(CACHE_DIR, mode=0o700, exist_ok=True)
-        with open(cache + ".tmp", "w") as f:
-            json.dump(facts["inside"], f)
-        os.replace(cache + ".tmp", cache)
+        with open(path + ".tmp", "w") as f:
+            json.dump(value, f)
+        os.replace(path + ".tmp", path)
     except OSError:
         pass  # a read-only home only costs the next run the same time
-    return facts
+    return value
 
 
 def _raise(error):
@@ -234,11 +246,9 @@ def disk(spec, weights):
     with open("/proc/sys/kernel/random/boot_id") as f:
         key = f"{f.read().strip()} {st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns}"
     cache = os.path.join(CACHE_DIR, "disk-" + hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
-    try:
-        with open(cache) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        pass
+    kept = cached(cache)
+    if kept is not None:
+        return kept
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     except OSError as e:
@@ -255,16 +265,7 @@ def disk(spec, weights):
     finally:
         os.close(fd)
         buf.close()
-    seconds = max(time.monotonic() - start, 1e-6)
-    facts = {"file": name, "bytes": done, "seconds": round(seconds, 3), "bytesPerSecond": done / seconds}
-    try:
-        os.makedirs(CACHE_DIR, mode=0o700, exist_ok=True)
-        with open(cache + ".tmp", "w") as f:
-            json.dump(facts, f)
-        os.replace(cache + ".tmp", cache)
-    except OSError:
-        pass
-    return facts
+    return keep(cache, {"file": name, "bytes": done, "seconds": max(time.monotonic() - start, 1e-6)})
 
 
 def sha256(path):
