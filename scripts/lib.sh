@@ -24,14 +24,21 @@ ensure_packages() {
 ensure_docker() {
   ensure_packages dockerd:docker.io
   docker info >/dev/null 2>&1 && return 0
-  say "starting dockerd (log: /var/log/spark-vllm-dockerd.log)"
-  nohup dockerd >/var/log/spark-vllm-dockerd.log 2>&1 &
-  local i
+  local log=${SPARK_VLLM_DOCKERD_LOG:-/var/log/spark-vllm-dockerd.log}
+  say "starting dockerd (log: $log)"
+  # The daemon outlives this script, so it keeps none of the caller's descriptors: under
+  # `flock /tmp/spark-vllm-lab.lock scripts/test` it would hold the lab's lock until the machine stops.
+  local fd closes=() i
+  for fd in /proc/$$/fd/*; do
+    fd=${fd##*/}
+    [ "$fd" -gt 2 ] && closes+=("$fd>&-")
+  done
+  eval "nohup dockerd >\"\$log\" 2>&1 ${closes[*]} &"
   for i in $(seq 60); do
     docker info >/dev/null 2>&1 && return 0
     sleep 1
   done
-  tail -20 /var/log/spark-vllm-dockerd.log >&2
+  tail -20 "$log" >&2
   die "dockerd did not answer within 60 s"
 }
 
