@@ -1,8 +1,8 @@
 """The one way this program reaches a node: every ssh option, the jump host and connection sharing.
 
 The Docker provider's `sshOpts`, preflight's probe, scripts/status and the weights sync's hop between nodes all
-take their ssh command lines from here. Building a command line has no side effect; `run` makes the folder for
-shared connections, as SparkNode does before a provider connects.
+take their ssh command lines from here. Building a command line has no side effect; SparkNode makes the folder of
+the providers' shared connections before a provider connects.
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ PERMANENT = ("Permission denied", "Host key verification failed", "Could not res
              "Too many authentication failures")
 
 
-def ssh_options(ssh: SshSpec) -> list[str]:
+def ssh_options(ssh: SshSpec, shared: bool = True) -> list[str]:
     """Options for the local `ssh` binary, which pulumi-docker runs to reach a node's Docker daemon."""
     opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
             "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}",
             "-o", f"StrictHostKeyChecking={ssh.strict_host_key_checking}"]
-    if ssh.control_persist_s:
+    if not shared:
+        opts += ["-o", "ControlPath=none"]  # over any the user's ssh_config sets
+    elif ssh.control_persist_s:
         # pulumi-docker runs one ssh per Docker API connection; one shared connection a node (and hop) saves
         # a key exchange each time. ssh does not create the socket's folder: ensure_control_dir does.
         opts += ["-o", "ControlMaster=auto", "-o", f"ControlPath={CONTROL_DIR}/%C",
@@ -47,9 +49,10 @@ def ssh_options(ssh: SshSpec) -> list[str]:
     return opts
 
 
-def provider_ssh_opts(ssh: SshSpec, jump: Optional[NodeSpec]) -> list[str]:
-    """The Docker provider's `sshOpts` for a node, reached through `jump` when it is set."""
-    opts = ssh_options(ssh)
+def provider_ssh_opts(ssh: SshSpec, jump: Optional[NodeSpec], shared: bool = True) -> list[str]:
+    """The Docker provider's `sshOpts` for a node, reached through `jump` when it is set; not `shared`, every hop
+    opens a connection of its own."""
+    opts = ssh_options(ssh, shared)
     if jump is not None:
         # A ProxyCommand carries every option to the jump hop too; `ssh -J` would drop the -o options there.
         # ssh expands %-tokens in a ProxyCommand: the hop's own tokens (%C) must reach it as written.
@@ -70,12 +73,13 @@ def jump_of(cluster: ClusterSpec, node: NodeSpec) -> Optional[NodeSpec]:
     return cluster.node(node.via) if node.via else None
 
 
-def ssh_argv(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str, shared: bool = True) -> list[str]:
-    """The local `ssh` command line that runs `command` on `node`, as the Docker provider reaches it. Not `shared`,
-    it opens a connection of its own (ssh takes the first value of an option, so this goes first)."""
-    own = [] if shared else ["-o", "ControlPath=none"]
-    return ["ssh", *own, *provider_ssh_opts(ssh, jump), "-p", str(node.ssh_port), f"{node.ssh_user}@{node.ssh_host}",
-            "--", command]
+def ssh_argv(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str) -> list[str]:
+    """The local `ssh` command line that runs `command` on `node`, as the Docker provider reaches it, but over
+    connections of its own: a shared connection whose link was cut answers nothing until ServerAlive gives up
+    (45 s), so preflight and scripts/status would report a cut node late; and a command that follows (`tail -F`)
+    would hand its output to the master ssh, which keeps it running after this ssh is stopped."""
+    return ["ssh", *provider_ssh_opts(ssh, jump, shared=False), "-p", str(node.ssh_port),
+            f"{node.ssh_user}@{node.ssh_host}", "--", command]
 
 
 def _never_started(done: subprocess.CompletedProcess) -> bool:
@@ -91,7 +95,6 @@ def run(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str, st
     pause; a command that started is never run twice. Exit status 255 with the command not started means ssh
     could not reach the node, and stderr says why.
     """
-    ensure_control_dir(ssh)
     argv = ssh_argv(ssh, node, jump, f"echo {shlex.quote(STARTED)} >&2; {command}")
     deadline, pause = time.monotonic() + timeout, FIRST_BACKOFF_S
     for attempt in range(1, ATTEMPTS + 1):
@@ -110,10 +113,7 @@ def run(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str, st
 def stream(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str) -> int:
     """Runs a command on `node` with this terminal's input and output until it ends, or Ctrl-C or SIGTERM stops it:
     for commands that follow (`tail -F`), which no timeout bounds. Returns its exit status."""
-    ensure_control_dir(ssh)
-    # Its own connection: a shared one hands this terminal's output to the master ssh, which would keep it open
-    # (and the command running) after this ssh is stopped.
-    child = subprocess.Popen(ssh_argv(ssh, node, jump, command, shared=False))
+    child = subprocess.Popen(ssh_argv(ssh, node, jump, command))
     # ssh holds this process's output: a SIGTERM that ended only this process would leave ssh running.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: child.terminate())
     try:

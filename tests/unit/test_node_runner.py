@@ -68,10 +68,19 @@ def test_building_a_command_line_creates_nothing(cluster, tmp_path, monkeypatch)
     assert not (tmp_path / "home").exists()
 
 
-def test_run_makes_the_private_socket_folder(cluster, fake_ssh, tmp_path):
-    assert node_runner.run(cluster.ssh, cluster.node("spark1"), None, "true").returncode == 0
-    folder = tmp_path / "home/.cache/spark-vllm/ssh"
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+def test_the_providers_socket_folder_is_private(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    node_runner.ensure_control_dir(cluster.ssh)
+    assert stat.S_IMODE((tmp_path / "home/.cache/spark-vllm/ssh").stat().st_mode) == 0o700
+
+
+def test_run_opens_connections_of_its_own_on_every_hop(cluster, fake_ssh, tmp_path):
+    """A shared connection whose link was cut answers only when ServerAlive gives up: a probe must not wait on it."""
+    done = node_runner.run(cluster.ssh, cluster.node("spark2"), cluster.node("spark1"), "true")
+    assert done.returncode == 0
+    argv = " ".join(done.args)
+    assert argv.count("ControlPath=none") == 2 and "ControlMaster" not in argv, argv
+    assert not (tmp_path / "home").exists()  # and no socket folder
 
 
 def test_a_connection_refused_is_tried_again_and_the_command_runs_once(cluster, fake_ssh, monkeypatch):

@@ -964,7 +964,7 @@ def test_preflight_off_probes_nothing(tmp_path, monkeypatch):
     assert "serve-ready-gate" in run_program(stack_config(write_catalog(tmp_path / "catalog"))).names()
 
 
-def test_the_probe_is_sent_with_the_docker_providers_ssh_options(tmp_path, monkeypatch):
+def test_the_probe_is_sent_with_the_docker_providers_ssh_options_on_connections_of_its_own(tmp_path, monkeypatch):
     d = deployment(tmp_path, timeoutSeconds=7)
     calls = []
 
@@ -975,7 +975,8 @@ def test_the_probe_is_sent_with_the_docker_providers_ssh_options(tmp_path, monke
     monkeypatch.setattr(node_runner.subprocess, "run", lambda argv, **kw: calls.append((argv, kw)) or Done())
     assert preflight_probe.probe(d, d.cluster.node("spark2")).docker == Docker(server="28.0.1", driver="overlay2")
     argv, kw = calls[0]
-    opts = provider_ssh_opts(d.cluster.ssh, d.cluster.node("spark1"))
+    opts = provider_ssh_opts(d.cluster.ssh, d.cluster.node("spark1"), shared=False)
+    assert "ControlPath=none" in argv and not any(o.startswith("ControlMaster") for o in argv)
     assert argv[:len(opts) + 3] == ["ssh", *opts, "-p", "22"]
     assert any(o.startswith("ProxyCommand=ssh ") and o.endswith(" -W %h:%p nvidia@10.10.10.11") for o in argv)
     assert argv[-3:-1] == ["nvidia@192.168.200.2", "--"]

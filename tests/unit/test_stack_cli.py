@@ -50,13 +50,14 @@ def test_without_a_name_the_selected_stack_is_read(tmp_path, monkeypatch):
 
 
 def test_stream_runs_the_command_with_this_terminals_output_on_a_connection_of_its_own(tmp_path, monkeypatch, capfd):
-    (tmp_path / "ssh").write_text('#!/bin/sh\necho "$1 $2" >&2\nfor last; do :; done\nexec sh -c "$last"\n')
+    which = 'case "$*" in *ControlMaster*) echo shared;; *ControlPath=none*) echo own;; esac >&2'
+    (tmp_path / "ssh").write_text(f'#!/bin/sh\n{which}\nfor last; do :; done\nexec sh -c "$last"\n')
     (tmp_path / "ssh").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     cluster = load("t", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT).cluster
     assert node_runner.stream(cluster.ssh, cluster.head, None, "echo line one; exit 3") == 3
-    assert capfd.readouterr() == ("line one\n", "-o ControlPath=none\n")
+    assert capfd.readouterr() == ("line one\n", "own\n")
 
 
 def test_stream_passes_a_sigterm_on_to_ssh(tmp_path):
