@@ -17,6 +17,10 @@ import sys
 import time
 
 SIOCGIFCONF, IFREQ_SIZE = 0x8912, 40  # every IPv4 address with its interface; struct ifreq on 64-bit Linux
+# A raylet listens before it registers, so an address where nothing answers for this long after it registered is
+# not its own: the cause is known, and Ray would only mark it dead after its heartbeats lapse.
+SILENT_S = 5.0
+RAYLET_STATES = ("silent", "refused", "up")  # of the raylets at one IP, the best counts
 
 
 def parse_pairs(values):
@@ -97,14 +101,21 @@ def alive_nodes(ray):
     return [n for n in ray.nodes() if n["Alive"]]
 
 
-def unreachable_raylets(nodes):
-    down = set()
+def raylets_by_ip(nodes):
+    """{ip: "up" | "refused" | "silent"}: a raylet there answers; none does, but the host refuses (a raylet that
+    was replaced stays alive in Ray until its heartbeats lapse); or nothing at that address answers at all."""
+    states: dict[str, str] = {}
     for n in nodes:
+        ip = n["NodeManagerAddress"]
         try:
-            socket.create_connection((n["NodeManagerAddress"], n["NodeManagerPort"]), timeout=2).close()
+            socket.create_connection((ip, n["NodeManagerPort"]), timeout=2).close()
+            state = "up"
+        except ConnectionRefusedError:
+            state = "refused"
         except OSError:
-            down.add(n["NodeManagerAddress"])
-    return down
+            state = "silent"
+        states[ip] = max(states.get(ip, state), state, key=RAYLET_STATES.index)
+    return states
 
 
 def main():
@@ -127,15 +138,20 @@ def main():
     print(f"waiting up to {a.timeout:.0f}s for {len(expected)} Ray nodes ({', '.join(expected.values())}) "
           f"with {a.gpus} GPUs", flush=True)
     problems = [f"Ray's GCS at {a.address} does not accept connections"]
+    failed = f"cluster not ready after {a.timeout:.0f}s"
     if wait_for_port(host, int(port), deadline):
         import ray
         ray.init(address=a.address, logging_level=logging.ERROR, log_to_driver=False)
         shown = None
+        silent_since: dict[str, float] = {}
         while True:
             nodes = alive_nodes(ray)
+            raylets = raylets_by_ip(nodes)
+            unreachable = {ip for ip, state in raylets.items() if state != "up"}
+            now = time.monotonic()
+            silent_since = {ip: silent_since.get(ip, now) for ip, state in raylets.items() if state == "silent"}
             ready, problems = diagnose([(n["NodeManagerAddress"], n.get("Resources", {}).get("GPU", 0))
-                                        for n in nodes], expected, management, a.gpus, a.interface,
-                                       unreachable_raylets(nodes))
+                                        for n in nodes], expected, management, a.gpus, a.interface, unreachable)
             joined = sorted(n["NodeManagerAddress"] for n in nodes)
             if joined != shown:
                 print(f"Ray nodes alive: {', '.join(joined) or 'none'}", flush=True)
@@ -143,10 +159,15 @@ def main():
             if ready:
                 print(f"cluster ready: {len(nodes)} nodes, {a.gpus} GPUs", flush=True)
                 return 0
-            if time.monotonic() >= deadline:
+            lost = [ip for ip, since in silent_since.items() if ip in expected.values() and now - since >= SILENT_S]
+            if lost:
+                failed = (f"cluster not ready: nothing at {', '.join(lost)} has answered in the {SILENT_S:.0f}s "
+                          f"since a raylet registered there")
+                break
+            if now >= deadline:
                 break
             time.sleep(0.25)
-    print(f"cluster not ready after {a.timeout:.0f}s:", file=sys.stderr)
+    print(f"{failed}:", file=sys.stderr)
     for problem in problems:
         print(f"  - {problem}", file=sys.stderr)
     print("ray status:\n" + ray_status(a.address), file=sys.stderr)

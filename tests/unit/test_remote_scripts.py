@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import json
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +39,27 @@ def test_cluster_ready_names_a_node_registered_with_an_address_that_is_not_its_o
     assert not ready
     assert problems == ["spark2 registered with 192.168.200.2, but the head cannot reach its raylet there: "
                         "192.168.200.2 is probably not spark2's address on enp1s0f1np1; fix its fabricIp"]
+
+
+def test_raylets_by_ip_tells_a_replaced_raylet_from_an_address_nobody_has(monkeypatch):
+    """A replaced worker's old raylet stays alive in Ray at the same IP until its heartbeats lapse: its port refuses,
+    the new one's answers. Only an address where nothing answers at all is silent (not connected to here)."""
+    with socket.create_server(("127.0.0.1", 0)) as gone:
+        closed = gone.getsockname()[1]
+    real = socket.create_connection
+
+    def connect(address, timeout):
+        if address[0] == "192.0.2.9":
+            raise TimeoutError("timed out")
+        return real(address, timeout)
+
+    monkeypatch.setattr(cluster_ready.socket, "create_connection", connect)
+    with socket.create_server(("127.0.0.1", 0)) as up:
+        nodes = [("127.0.0.1", closed), ("127.0.0.1", up.getsockname()[1]), ("127.0.0.3", closed),
+                 ("192.0.2.9", 6379)]
+        states = cluster_ready.raylets_by_ip([{"NodeManagerAddress": ip, "NodeManagerPort": port}
+                                             for ip, port in nodes])
+    assert states == {"127.0.0.1": "up", "127.0.0.3": "refused", "192.0.2.9": "silent"}
 
 
 def test_cluster_ready_names_the_seeds_management_ip_failure():
