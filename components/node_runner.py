@@ -31,7 +31,8 @@ PERMANENT = ("Permission denied", "Host key verification failed", "Could not res
 
 
 def ssh_options(ssh: SshSpec, shared: bool = True) -> list[str]:
-    """Options for the local `ssh` binary, which pulumi-docker runs to reach a node's Docker daemon."""
+    """Options for the local `ssh` binary: as pulumi-docker runs it to reach a node's Docker daemon (`shared`), or
+    as a probe runs it, on a connection of its own."""
     opts = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
             "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}",
             "-o", f"StrictHostKeyChecking={ssh.strict_host_key_checking}"]
