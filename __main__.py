@@ -6,16 +6,18 @@ from pathlib import Path
 
 import pulumi
 
-from components import load_floor, preflight, pulumi_config, spec, weight_manifests
-from components.fabric_guard import FabricGuard, FabricGuardArgs
-from components.gate import Gate, GateArgs
-from components.gate_args import cluster_ready_args, rank_ready_args, serve_ready_args
-from components.mp_rank import MpRank, MpRankArgs, ranks_digest
-from components.ray_node import RayNode, RayNodeArgs
-from components.spark_node import SparkNode, SparkNodeArgs
-from components.vllm_serve import VllmServe, VllmServeArgs, page_cache_drops
-from components.watchdog import Watchdog, WatchdogArgs
-from components.weights_sync import WeightsSync, WeightsSyncArgs
+from components.nodes import load_floor, weight_manifests
+from components import preflight
+from components.config import pulumi_config, spec
+from components.resources.fabric_guard import FabricGuard, FabricGuardArgs
+from components.resources.gate import Gate, GateArgs
+from components.resources.gate_args import cluster_ready_args, rank_ready_args, serve_ready_args
+from components.resources.mp_rank import MpRank, MpRankArgs, ranks_digest
+from components.resources.ray_node import RayNode, RayNodeArgs
+from components.resources.spark_node import SparkNode, SparkNodeArgs
+from components.resources.vllm_serve import VllmServe, VllmServeArgs, page_cache_drops
+from components.resources.watchdog import Watchdog, WatchdogArgs
+from components.resources.weights_sync import WeightsSync, WeightsSyncArgs
 
 deployment = pulumi_config.from_pulumi(Path(__file__).parent)
 checked = preflight.run(deployment)  # before any resource: a failed check leaves the stack as it was

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from . import loader, spec
+from .config import loader, spec
 
 
 def pulumi_json(*args: str, stack: str) -> Any:

@@ -5,8 +5,8 @@ gathers facts), judges the facts of all nodes together (judging.py) into one tab
 warn or fail, with a one-line reason and the fix. Warnings are printed and the program goes on; any failure stops
 it with the whole table, before anything is created, replaced or deleted. It registers no resource, so a no-op
 preview still has no changes. `run()` returns every node's facts: the fabric guard reads what preflight found of
-it, and with `preflight.syncWeights` components/weights_sync.py reads the weights manifests in them. It returns
-what of the deployment lives too (components/liveness.py): the life tokens that recreate what died.
+it, and with `preflight.syncWeights` components/resources/weights_sync.py reads the weights manifests in them.
+It returns what of the deployment lives too (liveness.py): the life tokens that recreate what died.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Mapping, Optional
 
 import pulumi
 
-from ..spec import Deployment, NodeSpec
-from ..fabric_guard import GuardState, guard_state
-from ..liveness import Lives, judge
-from ..node_facts import NodeFacts
+from ..config.spec import Deployment, NodeSpec
+from ..resources.fabric_guard import GuardState, guard_state
+from .liveness import Lives, judge
+from ..nodes.node_facts import NodeFacts
 from .judging import Status, evaluate
 from .probing import probe
 from .table import render

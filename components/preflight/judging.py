@@ -7,15 +7,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Mapping, Optional
 
-from ..spec import Deployment, NodeSpec
-from ..node_facts import GpuSource, InsideImage, Model, NodeFacts
-from ..fabric_guard import GuardState, chain_name, guard_state
-from ..liveness import Lives
-from ..load_floor import node_floor
-from ..mp_rank import container_name as rank_container_name
-from ..ray_node import container_name
+from ..config.spec import Deployment, NodeSpec
+from ..nodes.node_facts import GpuSource, InsideImage, Model, NodeFacts
+from ..resources.fabric_guard import GuardState, chain_name, guard_state
+from .liveness import Lives
+from ..nodes.load_floor import node_floor
+from ..resources.mp_rank import container_name as rank_container_name
+from ..resources.ray_node import container_name
 from ..text import size
-from ..weight_manifests import WEIGHT_SUFFIXES, weight_bytes, weight_differences
+from ..nodes.weight_manifests import WEIGHT_SUFFIXES, weight_bytes, weight_differences
 
 GIB = 1 << 30
 # On a GB10 about 101-102 GiB of 121.69 GiB is free at boot, and vLLM refuses to start when the requested share

@@ -7,17 +7,17 @@ import shlex
 import subprocess
 import time
 
-from .. import node_runner
-from ..spec import Deployment, NodeSpec
-from ..fabric_guard import chain_prefix
-from ..mp_rank import container_name as rank_name
-from ..node_facts import NodeFacts, parse
-from ..ray_node import container_name as ray_name
+from ..nodes import node_runner
+from ..config.spec import Deployment, NodeSpec
+from ..resources.fabric_guard import chain_prefix
+from ..resources.mp_rank import container_name as rank_name
+from ..nodes.node_facts import NodeFacts, parse
+from ..resources.ray_node import container_name as ray_name
 from ..remote import script
 from ..remote.keeper import STATE
 from ..text import last_line
-from ..vllm_serve import ENV_FILE, LIFE_FILE, PID_FILE
-from ..watchdog import STATE_DIR, keeper_name
+from ..resources.vllm_serve import ENV_FILE, LIFE_FILE, PID_FILE
+from ..resources.watchdog import STATE_DIR, keeper_name
 
 MARK = "SPARK_VLLM_PREFLIGHT "
 STEP_TIMEOUT_S = 15  # each command of the probe; the image check starts Python in the image, so it gets more
@@ -39,8 +39,8 @@ def probe_spec(deployment: Deployment, node: NodeSpec) -> dict:
 
 
 def running_spec(deployment: Deployment, node: NodeSpec) -> dict:
-    """What the probe reads of what runs (components/liveness.py): the stack's containers; on the head, the serve
-    (Ray), one completion, and the keeper's state."""
+    """What the probe reads of what runs (liveness.py): the stack's containers; on the head, the serve (Ray), one
+    completion, and the keeper's state."""
     spec: dict = {"stack": deployment.stack}
     if not node.head:
         return spec

@@ -1,6 +1,6 @@
 """Reads what a cluster entry needs from one node, and changes nothing: the fabric interface, its IPv4 and MTU, the
 RoCE HCAs, the GPUs, Docker and its runtimes, the hard limits. Sent over SSH on stdin to `python3 -` by
-scripts/discover (components/discovery.py); prints one JSON line after MARK. Python 3 standard library only.
+scripts/discover (components/nodes/discovery.py); prints one JSON line after MARK. Python 3 standard library only.
 
 Usage: python3 - '{"gpuProbe": null}'
 """

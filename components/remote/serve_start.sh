@@ -1,5 +1,5 @@
 # Starts `vllm serve` in the background inside the Ray head container; its arguments are this script's, after
-# an optional --life=TOKEN, kept in serve.life beside the pid file (components/liveness.py).
+# an optional --life=TOKEN, kept in serve.life beside the pid file (components/preflight/liveness.py).
 # Secrets arrive in the heredoc below (this script comes over SSH on stdin), never on a command line: one
 # `NAME base64(value)` line each. No base64 text can end the heredoc early, whatever the value holds.
 set -eu

@@ -2,7 +2,7 @@
 # to that worker over the fabric, with rsync over ssh (spark-vllm:preflight.syncWeights). Runs on the head, sent
 # over SSH on stdin. The SSH key arrives base64-encoded in this text (no key can end it early), never on a
 # command line; it lives in a 0600 file in a private temp folder that is removed on exit.
-# Arguments: head worker fabric_ip path timeout_s rsync-argv... (components/node_runner.py's rsync_argv, whose ssh
+# Arguments: head worker fabric_ip path timeout_s rsync-argv... (components/nodes/node_runner.py's rsync_argv, whose ssh
 # reads the key and known_hosts from $SPARK_VLLM_SSH_DIR)
 set -u
 head=$1 worker=$2 ip=$3 path=$4 limit=$5

@@ -93,8 +93,8 @@ def test_other_changes_replace(plugin, busybox, container_name, change):
 
 @pytest.mark.parametrize("by_hand", ["docker rm -f", "docker kill"])
 def test_a_container_removed_or_stopped_by_hand_is_deleted_without_error(plugin, busybox, container_name, by_hand):
-    """Day two replaces a dead container without a refresh (components/liveness.py): the delete of the one in the
-    state must succeed when it is gone or stopped, or the repair would fail on what it repairs."""
+    """Day two replaces a dead container without a refresh (components/preflight/liveness.py): the delete of the one
+    in the state must succeed when it is gone or stopped, or the repair would fail on what it repairs."""
     cid, outputs, _ = created(plugin, sleeper(container_name, busybox[1]))
     subprocess.run([*by_hand.split(), container_name], check=True, capture_output=True)
     plugin.delete(CONTAINER, cid, outputs)

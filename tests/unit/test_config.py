@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from components import loader
-from components.schema import ConfigError
+from components.config import loader
+from components.config.schema import ConfigError
 from fixtures import cluster_with, models_with, stack_config, write_catalog
 
 ROOT = Path(__file__).resolve().parents[2]

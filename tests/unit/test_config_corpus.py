@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import loader, pulumi_config, serve_flags, spec
-from components.fabric_guard import chain_name, guard_command
-from components.ray_node import container_env, ray_start
-from components.schema import ConfigError
-from components.vllm_serve import serve_argv, start_script
+from components.config import loader, pulumi_config, serve_flags, spec
+from components.resources.fabric_guard import chain_name, guard_command
+from components.resources.ray_node import container_env, ray_start
+from components.config.schema import ConfigError
+from components.resources.vllm_serve import serve_argv, start_script
 
 CORPUS = Path(__file__).with_name("corpus")
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,11 +8,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from components import loader, spec
-from components.fabric_guard import chain_name, guard_command
-from components.ray_node import container_env, ray_start
-from components.schema import ConfigError
-from components.vllm_serve import serve_argv, start_script
+from components.config import loader, spec
+from components.resources.fabric_guard import chain_name, guard_command
+from components.resources.ray_node import container_env, ray_start
+from components.config.schema import ConfigError
+from components.resources.vllm_serve import serve_argv, start_script
 from fixtures import CLUSTER, MODELS, write_catalog
 
 ROOT = Path(__file__).resolve().parents[2]

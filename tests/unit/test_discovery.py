@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from components.discovery import NodeAddress, SshSettings, cluster_entry
+from components.nodes.discovery import NodeAddress, SshSettings, cluster_entry
 from harness import ROOT
 
 NODES = [NodeAddress("spark1", "10.10.10.11"), NodeAddress("spark2", "192.168.200.2", via="spark1")]

@@ -15,8 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components import liveness, loader, preflight
-from components.node_facts import parse
+from components.preflight import liveness
+from components.config import loader
+from components import preflight
+from components.nodes.node_facts import parse
 from components.preflight.judging import Status, evaluate
 from fixtures import stack_config, write_catalog
 from harness import ROOT, run_program

@@ -1,7 +1,7 @@
 """The floor of a load and the `load` output: what the last load took against the weights over the disk's speed."""
 
-from components import load_floor
-from components.node_facts import Disk, Model, NodeFacts
+from components.nodes import load_floor
+from components.nodes.node_facts import Disk, Model, NodeFacts
 
 GIB = 1 << 30
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from components import node_runner
-from components.loader import load
+from components.nodes import node_runner
+from components.config.loader import load
 from fixtures import stack_config, write_catalog
 from harness import ROOT
 

@@ -18,15 +18,18 @@ import sys
 import pulumi
 import pytest
 
-from components import liveness, loader, node_runner, preflight, spec, weight_manifests
-from components.fabric_guard import GuardState, guard_state
-from components.node_facts import Docker, parse
+from components.preflight import liveness
+from components.config import loader, spec
+from components.nodes import node_runner, weight_manifests
+from components import preflight
+from components.resources.fabric_guard import GuardState, guard_state
+from components.nodes.node_facts import Docker, parse
 from components.preflight import probing as preflight_probe
 from components.preflight.table import render
-from components.fabric_guard import chain_name
+from components.resources.fabric_guard import chain_name
 from components.preflight.judging import CHECKS, LOADER_NEEDS, Finding, evaluate
-from components.schema import ConfigError
-from components.node_runner import provider_ssh_opts
+from components.config.schema import ConfigError
+from components.nodes.node_runner import provider_ssh_opts
 from fixtures import cluster_with, stack_config, write_catalog
 from harness import ROOT, run_program
 

@@ -9,10 +9,11 @@ import subprocess
 
 import pytest
 
-from components.node_facts import parse
-from components import loader, preflight, validate
-from components.fabric_guard import chain_name
-from components.ray_node import pinned_env
+from components.nodes.node_facts import parse
+from components.config import loader, validate
+from components import preflight
+from components.resources.fabric_guard import chain_name
+from components.resources.ray_node import pinned_env
 from fixtures import KEY, cluster_with, stack_config, write_catalog
 from test_preflight_checks import healthy
 from harness import ROOT, plain_strings, run_program

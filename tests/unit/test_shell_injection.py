@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from components.spec import NodeSpec
-from components.fabric_guard import guard_command
+from components.config.spec import NodeSpec
+from components.resources.fabric_guard import guard_command
 from components.remote.serve_ready import api_key
-from components.vllm_serve import start_script
+from components.resources.vllm_serve import start_script
 
 SHELL = "dash"
 # What vLLM would get; the stand-in records its environment and arguments instead.

@@ -8,8 +8,9 @@ import signal
 import subprocess
 import sys
 
-from components import node_runner, stack_cli
-from components.loader import load
+from components.nodes import node_runner
+from components import stack_cli
+from components.config.loader import load
 from fixtures import stack_config, write_catalog
 from harness import ROOT
 
@@ -66,7 +67,7 @@ def test_stream_passes_a_sigterm_on_to_ssh(tmp_path):
     (tmp_path / "ssh").chmod(0o755)
     catalog = write_catalog(tmp_path / "catalog")
     program = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / 'tests/unit')!r})\n"
-               "from components import node_runner\nfrom components.loader import load\n"
+               "from components.nodes import node_runner\nfrom components.config.loader import load\n"
                "from fixtures import stack_config\nfrom pathlib import Path\n"
                f"cluster = load('t', stack_config(Path({str(catalog)!r})), set(), Path({str(ROOT)!r})).cluster\n"
                "sys.exit(node_runner.stream(cluster.ssh, cluster.head, None, 'echo started; exec sleep 60'))\n")

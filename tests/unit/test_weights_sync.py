@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from components.node_facts import parse
-from components import preflight, weights_sync
-from components.loader import load
-from components.node_runner import rsync_argv
+from components.nodes.node_facts import parse
+from components import preflight
+from components.resources import weights_sync
+from components.config.loader import load
+from components.nodes.node_runner import rsync_argv
 from fixtures import KEY, stack_config, write_catalog
 from harness import ROOT, plain_strings, run_program
 from test_preflight_checks import MODEL_FILES, SHARDS, healthy

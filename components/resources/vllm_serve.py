@@ -16,13 +16,13 @@ from typing import Mapping, Optional
 import pulumi
 import pulumi_command as command
 
-from .spec import ClusterSpec, ServeSpec
-from .remote import script
+from ..config.spec import ClusterSpec, ServeSpec
+from ..remote import script
 
 RUN_DIR = "/run/spark-vllm"
 PID_FILE = f"{RUN_DIR}/serve.pid"
 ENV_FILE = f"{RUN_DIR}/serve.env"
-LIFE_FILE = f"{RUN_DIR}/serve.life"  # its life token (components/liveness.py), which a relaunch keeps
+LIFE_FILE = f"{RUN_DIR}/serve.life"  # its life token (components/preflight/liveness.py), which a relaunch keeps
 LOG_FILE = "/var/log/spark-vllm/serve.log"
 SECRET_ENV = {"apiKey": "VLLM_API_KEY", "hfToken": "HF_TOKEN"}
 
@@ -90,7 +90,7 @@ class VllmServeArgs:
     secrets: Mapping[str, pulumi.Input[str]]  # keys of SECRET_ENV; values are Pulumi secrets
     # Every node's connection, for serve.dropPageCache: each node's page cache is dropped before the serve starts.
     nodes: Mapping[str, command.remote.ConnectionArgs] = field(default_factory=dict)
-    life: Optional[str] = None  # its life token (components/liveness.py): a new one restarts it
+    life: Optional[str] = None  # its life token (components/preflight/liveness.py): a new one restarts it
 
 
 class VllmServe(pulumi.ComponentResource):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .spec import ClusterSpec, ServeSpec
-from .schema import is_ipv4
+from ..config.spec import ClusterSpec, ServeSpec
+from ..config.schema import is_ipv4
 from .vllm_serve import ENV_FILE, LOG_FILE, PID_FILE
 
 

@@ -1,11 +1,11 @@
 """The weights on a node as preflight's probe lists them, compared with another node's: what preflight judges and
-what the weights sync (components/weights_sync.py) copies."""
+what the weights sync (components/resources/weights_sync.py) copies."""
 
 from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from .spec import ClusterSpec
+from ..config.spec import ClusterSpec
 from .node_facts import Model, NodeFacts
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")

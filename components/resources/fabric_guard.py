@@ -18,8 +18,8 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_command as command
 
-from .spec import ClusterSpec, NodeSpec
-from .remote import script
+from ..config.spec import ClusterSpec, NodeSpec
+from ..remote import script
 
 
 def chain_prefix(stack: str) -> str:

@@ -1,6 +1,6 @@
 """A readiness gate: a Python script run inside a container on a node, again whenever its triggers change.
 
-Every gate of a deployment is this component with other arguments (components/gate_args.py). With Ray: the
+Every gate of a deployment is this component with other arguments (components/resources/gate_args.py). With Ray: the
 cluster-ready gate between the Ray containers and `vllm serve`, and the serve-ready gate after it. With mp: a
 rank-ready gate a node (its rank reaches the master), then the serve-ready gate on rank 0.
 """
@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_command as command
 
-from .remote import bounded, docker_exec, script
+from ..remote import bounded, docker_exec, script
 
 # How long after its own deadline a gate is killed: the script's last report (ray status, the log tail) must fit.
 REPORT_S = 90

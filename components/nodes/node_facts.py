@@ -144,7 +144,7 @@ class ContainerState:
     status: str  # Docker's word: running, exited, created, ...
     exit_code: int = 0
     finished_ago_s: Optional[int] = None  # seconds since it stopped, by the node's clock
-    life: Optional[str] = None  # its `spark-vllm.life` label (components/liveness.py)
+    life: Optional[str] = None  # its `spark-vllm.life` label (components/preflight/liveness.py)
 
 
 @dataclass(frozen=True)

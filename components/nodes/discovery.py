@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .validate import DEFAULT_ULIMITS
+from ..config.validate import DEFAULT_ULIMITS
 
 FABRIC_MTU = 9000  # what the ConnectX-7 link of a Spark is set to
 

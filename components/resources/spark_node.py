@@ -9,8 +9,8 @@ import pulumi
 import pulumi_command as command
 import pulumi_docker as docker
 
-from .spec import NodeSpec, SshSpec
-from .node_runner import ensure_control_dir, provider_ssh_opts
+from ..config.spec import NodeSpec, SshSpec
+from ..nodes.node_runner import ensure_control_dir, provider_ssh_opts
 
 
 @dataclass

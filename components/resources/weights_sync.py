@@ -26,11 +26,11 @@ from typing import Mapping, Optional
 import pulumi
 import pulumi_command as command
 
-from .spec import ClusterSpec, PreflightSpec, ServeSpec
-from .node_facts import NodeFacts
-from .node_runner import rsync_argv
-from .weight_manifests import manifest, sync_needed
-from .remote import script
+from ..config.spec import ClusterSpec, PreflightSpec, ServeSpec
+from ..nodes.node_facts import NodeFacts
+from ..nodes.node_runner import rsync_argv
+from ..nodes.weight_manifests import manifest, sync_needed
+from ..remote import script
 
 # With nothing to copy, none of the sync's inputs may change it (the first create still runs it once).
 IGNORED_WHEN_EQUAL = ["triggers", "create", "stdin", "connection"]

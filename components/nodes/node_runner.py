@@ -14,7 +14,7 @@ import subprocess
 import time
 from typing import Optional
 
-from .spec import ClusterSpec, NodeSpec, SshSpec
+from ..config.spec import ClusterSpec, NodeSpec, SshSpec
 
 # `~` is expanded by ssh itself, so the provider's inputs are the same on every workstation.
 CONTROL_DIR = "~/.cache/spark-vllm/ssh"

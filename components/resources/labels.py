@@ -1,4 +1,4 @@
-"""The life token's label, which every container of a deployment carries (components/liveness.py)."""
+"""The life token's label, which every container of a deployment carries (components/preflight/liveness.py)."""
 
 from __future__ import annotations
 

@@ -19,14 +19,14 @@ import pulumi
 import pulumi_command as command
 import pulumi_docker as docker
 
-from .spec import ClusterSpec, NodeSpec, ServeSpec
+from ..config.spec import ClusterSpec, NodeSpec, ServeSpec
 from .fabric_guard import chain_name
-from .remote import bounded, script
-from .remote.keeper import BOOT
+from ..remote import bounded, script
+from ..remote.keeper import BOOT
 from .labels import life_labels
 from .spark_node import SparkNode
 from .vllm_serve import ENV_FILE, LOG_FILE, PID_FILE
-from .watchdog_config import WatchdogSpec
+from ..config.watchdog_config import WatchdogSpec
 
 STATE_DIR = "/var/lib/spark-vllm"  # in the keeper; the node's Docker volume `volume_name(stack)`
 ARGV_FILE = PID_FILE.rsplit("/", 1)[0] + "/serve.argv"
@@ -78,7 +78,8 @@ class WatchdogArgs:
     # What `up` replaces: any change of these disarms first, and re-arms once the serve is ready again.
     watched_ids: list
     serve_ready: pulumi.Resource
-    # Life tokens (components/liveness.py): node -> its keeper's, and the arm's (kept in the token it arms with).
+    # Life tokens (components/preflight/liveness.py): node -> its keeper's, and the arm's (kept in the token it
+    # arms with).
     keeper_lives: Mapping[str, Optional[str]] = field(default_factory=dict)
     arm_life: Optional[str] = None
 

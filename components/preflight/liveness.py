@@ -17,12 +17,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from .spec import Deployment, NodeSpec
-from .mp_rank import container_name as rank_name
-from .node_facts import NodeFacts, Running
-from .ray_node import container_name as ray_name
-from .text import duration
-from .watchdog import keeper_name
+from ..config.spec import Deployment, NodeSpec
+from ..resources.mp_rank import container_name as rank_name
+from ..nodes.node_facts import NodeFacts, Running
+from ..resources.ray_node import container_name as ray_name
+from ..text import duration
+from ..resources.watchdog import keeper_name
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Optional
 import pulumi
 import pulumi_docker as docker
 
-from .spec import ClusterSpec, NodeSpec, ServeSpec
+from ..config.spec import ClusterSpec, NodeSpec, ServeSpec
 from .labels import life_labels
 from .spark_node import SparkNode
 from .vllm_serve import LOG_FILE
@@ -120,7 +120,7 @@ class RayNodeArgs:
     head: Optional["RayNode"] = None  # set for workers: ties them to one head
     guard: Optional[pulumi.Resource] = None  # the node's fabric guard: its rules go in before Ray opens a port
     weights_synced: Optional[pulumi.Resource] = None  # the node's weights sync: the weights are in place first
-    life: Optional[str] = None  # its life token (components/liveness.py): a new one recreates it
+    life: Optional[str] = None  # its life token (components/preflight/liveness.py): a new one recreates it
 
 
 class RayNode(pulumi.ComponentResource):

@@ -19,7 +19,7 @@ from typing import Mapping, Optional
 import pulumi
 import pulumi_docker as docker
 
-from .spec import ClusterSpec, NodeSpec, ServeSpec
+from ..config.spec import ClusterSpec, NodeSpec, ServeSpec
 from .labels import life_labels
 from .ray_node import container_env, fabric_env, node_labels, runtime_settings
 from .spark_node import SparkNode
@@ -65,7 +65,8 @@ class MpRankArgs:
     # rank 0 only: keys of SECRET_ENV; the values are Pulumi secrets
     secrets: Optional[Mapping[str, pulumi.Input[str]]] = None
     depends_on: tuple = ()  # the node's fabric guard and weights sync, the page-cache drops
-    life: Optional[str] = None  # the group's life token (components/liveness.py): a new one recreates every rank
+    # The group's life token (components/preflight/liveness.py): a new one recreates every rank.
+    life: Optional[str] = None
 
 
 class MpRank(pulumi.ComponentResource):
