@@ -106,8 +106,10 @@ def mp_engine():
             connection=sparks[name].connection, container=None, script="rank_ready.py",
             args=rank_ready_args(cluster, name, ranks[name].container_name), triggers=ids,
             timeout_s=deployment.cluster_ready_timeout_s, after=after))
-    head_ready = rank_ready(cluster.head.name, ())
-    ranks_ready = [head_ready, *(rank_ready(node.name, (head_ready,)) for node in cluster.workers)]
+    ranks_ready: list[Gate] = []
+    if cluster.workers:  # on one node there is no master to reach: the serve gate alone follows the rank
+        head_ready = rank_ready(cluster.head.name, ())
+        ranks_ready = [head_ready, *(rank_ready(node.name, (head_ready,)) for node in cluster.workers)]
     serve_ready = Gate("serve-ready", GateArgs(
         connection=head_spark.connection, container=None, script="serve_ready.py",
         args=serve_ready_args(cluster, serve, rank0=head.container_name),
@@ -130,6 +132,9 @@ pulumi.export("baseUrl", serve_ready.ready_id.apply(
     lambda _: f"http://{cluster.endpoint_host}:{cluster.api_port}/v1"))
 pulumi.export("servedModel", serve.served_name)
 pulumi.export("fabricIps", {node.name: node.fabric_ip for node in cluster.nodes})
+pulumi.export("nodes", [node.name for node in cluster.nodes])  # the stack's, its head first
+# The ports its head opens, by config key (its `portSlot` moves them): what another stack on the node must not take.
+pulumi.export("ports", dict(sorted((key, port) for port, (_, key) in cluster.head_ports.items())))
 pulumi.export("containerIds", container_ids)
 # The last load against its floor (the slowest node's weights over its disk's read speed), from the serve gate.
 weights = weight_manifests.weight_bytes(facts[cluster.head.name].model) if facts else None

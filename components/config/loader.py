@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from . import validate, watchdog_config, yaml_file
+from . import placement, validate, watchdog_config, yaml_file
 from .schema import ConfigError, Section, did_you_mean
 from .spec import NAMESPACE, ClusterSpec, Deployment
 
@@ -30,8 +30,10 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
     if watchdog.enabled:
         watchdog_config.check_port(keys.watchdog_keys, watchdog.port, validate.fixed_ports(cluster),
                                    cluster.worker_ports)
-    cluster = dataclasses.replace(cluster, executor=serve.executor,
-                                  watchdog_port=watchdog.port if watchdog.enabled else None)
+    cluster, keeper_port = placement.place(cluster, keys, watchdog.port if watchdog.enabled else None)
+    if keeper_port is not None:
+        watchdog = dataclasses.replace(watchdog, port=keeper_port)
+    cluster = dataclasses.replace(cluster, executor=serve.executor, watchdog_port=keeper_port)
     validate.world_size(cluster, serve, stack_file)
     return Deployment(stack=stack, cluster=cluster, serve=serve, cluster_ready_timeout_s=keys.cluster_ready_timeout_s,
                       serve_ready_timeout_s=keys.serve_ready_timeout_s, secrets=keys.secrets,

@@ -60,6 +60,7 @@ class ClusterSpec:
     master_port: int = 29501  # mp: rank 0's rendezvous port (torch.distributed's store), on the head
     executor: str = "ray"  # the deployment's `serve.executor`: which ports the nodes open depends on it
     watchdog_port: Optional[int] = None  # the head keeper's port (`watchdog.port`), when the watchdog is on
+    jump_hosts: tuple[NodeSpec, ...] = ()  # the catalog's nodes outside the stack's `nodes`, reached as jump hosts only
 
     @property
     def head(self) -> NodeSpec:
@@ -79,7 +80,7 @@ class ClusterSpec:
         return "127.0.0.1" if self.api_bind == "0.0.0.0" else self.api_bind
 
     def node(self, name: str) -> NodeSpec:
-        return next(n for n in self.nodes if n.name == name)
+        return next(n for n in (*self.nodes, *self.jump_hosts) if n.name == name)
 
     @property
     def head_ports(self) -> dict[int, tuple[str, str]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from . import serve_flags, watchdog_config
 from .schema import HIDDEN, ConfigError, Section, closest, did_you_mean
@@ -38,6 +38,7 @@ RAY_PORTS = {"runtime-env-agent-port": ("runtimeEnvAgentPort", 6380),
 RAY_PORT_ENV = {"AUTOSCALER_METRIC_PORT": ("autoscalerMetricsPort", 44217),
                 "DASHBOARD_METRIC_PORT": ("dashboardMetricsPort", 44227)}
 EXECUTORS = ("ray", "mp")  # vLLM's own names for its executors across nodes
+PORT_SLOTS = 9  # `spark-vllm:portSlot` 0-8 (placement.py)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class StackKeys:
     secrets: tuple[str, ...]
     watchdog: WatchdogSpec
     watchdog_keys: Section  # for the port's check against the cluster's
+    nodes: Optional[tuple[str, ...]]  # the stack's nodes, its head first (placement.py); None: the cluster's
+    port_slot: Optional[int]  # placement.py; None: the cluster's ports as written
+    top: Section  # the stack's own keys, for placement's errors
 
 
 def stack_keys(config: Mapping[str, Any], secret_keys: set[str], stack_file: str) -> StackKeys:
@@ -81,10 +85,14 @@ def stack_keys(config: Mapping[str, Any], secret_keys: set[str], stack_file: str
     watchdog_keys = top.section("watchdog")
     watchdog = watchdog_config.parse(watchdog_keys, serve_ready_s)
     secrets = tuple(key for key in SECRET_KEYS if _secret(top, key, secret_keys))
+    nodes = top.str_list("nodes", None)
+    if nodes is not None and not nodes:
+        raise top.error("nodes", [], "a non-empty list of the cluster's node names, the stack's head first")
+    port_slot = top.int("portSlot", None, lo=0, hi=PORT_SLOTS - 1)
     _refuse_flat_paths(top)
     top.done()
     return StackKeys(catalog, cluster, model, overrides, cluster_ready_s, serve_ready_s, preflight, secrets,
-                     watchdog, watchdog_keys)
+                     watchdog, watchdog_keys, nodes, port_slot, top)
 
 
 def _refuse_near_namespaces(config: Mapping[str, Any], stack_file: str) -> None:
@@ -328,10 +336,15 @@ def fixed_ports(cluster: ClusterSpec) -> dict[int, str]:
 
 
 def world_size(cluster: ClusterSpec, serve: ServeSpec, stack_file: str) -> None:
-    """vLLM takes one GPU a rank: tensor x pipeline parallel must be every GPU of the cluster."""
+    """vLLM takes one GPU a rank: tensor x pipeline parallel must be every GPU of the stack's nodes."""
     world = serve.tensor_parallel * serve.pipeline_parallel
-    if world != cluster.total_gpus:
-        raise ConfigError(stack_file, f"{NAMESPACE}:serve.tensorParallel x pipelineParallel", world,
-                          f"{cluster.total_gpus} (the GPUs in cluster {cluster.name!r}: {len(cluster.nodes)} nodes"
-                          f" x {cluster.gpus_per_node})",
-                          f"is {serve.tensor_parallel} x {serve.pipeline_parallel} = {world}")
+    if world == cluster.total_gpus:
+        return
+    names = ", ".join(n.name for n in cluster.nodes)
+    accepted = (f"{cluster.total_gpus} (the GPUs of this stack's nodes in cluster {cluster.name!r}, {names}: "
+                f"{len(cluster.nodes)} x {cluster.gpus_per_node})")
+    wanted, rest = divmod(world, cluster.gpus_per_node)
+    if not rest and 0 < wanted <= len(cluster.nodes) + len(cluster.jump_hosts):
+        accepted += f", or a `{NAMESPACE}:nodes` list of {wanted} of the cluster's nodes"
+    raise ConfigError(stack_file, f"{NAMESPACE}:serve.tensorParallel x pipelineParallel", world, accepted,
+                      f"is {serve.tensor_parallel} x {serve.pipeline_parallel} = {world}")

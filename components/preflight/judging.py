@@ -18,6 +18,8 @@ from ..text import size
 from ..nodes.weight_manifests import WEIGHT_SUFFIXES, weight_bytes, weight_differences
 
 GIB = 1 << 30
+# Another stack's ports: its slot (components/config/placement.py) moves every one of this stack's at once.
+OWN_SLOT = ", or give this stack a spark-vllm:portSlot of its own (docs/placement.md)"
 # On a GB10 about 101-102 GiB of 121.69 GiB is free at boot, and vLLM refuses to start when the requested share
 # is not free: 0.87 fails there, 0.85 (the reference stack) works.
 UNIFIED_UTILIZATION_LIMIT = 0.86
@@ -487,7 +489,7 @@ def check_ports(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Fin
                 reasons.append(f"{label} is in use while {named} here ({', '.join(c.container for c in others)}; "
                                "ss names a port's owner only to root)")
                 fixes.setdefault(f"destroy {'that stack' if len(stacks) == 1 else 'those stacks'} first ("
-                                 + ", ".join(f"`pulumi destroy -s {stack}`" for stack in stacks) + ")", []).append(key)
+                                 + ", ".join(f"`pulumi destroy -s {stack}`" for stack in stacks) + ")" + OWN_SLOT, [])
             elif mine:
                 reasons.append(f"{label} in use while this stack's {mine[0].container} runs")
             else:
@@ -508,7 +510,7 @@ def check_ports(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Fin
         if holder.stack:
             reasons.append(f"{label} is held by {holder.process} (pid {holder.pid}) in {holder.container} of stack "
                            f"{holder.stack}")
-            fixes.setdefault(f"destroy that stack first (`pulumi destroy -s {holder.stack}`)", []).append(key)
+            fixes.setdefault(f"destroy that stack first (`pulumi destroy -s {holder.stack}`){OWN_SLOT}", [])
         elif holder.container:
             reasons.append(f"{label} is held by {holder.process} (pid {holder.pid}) in container {holder.container}")
             fixes.setdefault(f"stop it (`docker stop {holder.container}`)", []).append(key)

@@ -34,9 +34,11 @@ def node_rank(cluster: ClusterSpec, node: NodeSpec) -> int:
 def rank_command(cluster: ClusterSpec, serve: ServeSpec, node: NodeSpec) -> list[str]:
     """`vllm serve ...` for this node's rank (the container's entrypoint is `vllm`, so without it)."""
     rank = node_rank(cluster, node)
-    argv = serve_argv(serve, cluster)[1:] + [
-        "--nnodes", str(len(cluster.nodes)), "--node-rank", str(rank),
-        "--master-addr", cluster.head.fabric_ip, "--master-port", str(cluster.master_port)]
+    argv = serve_argv(serve, cluster)[1:]
+    if len(cluster.nodes) == 1:  # vLLM on one node: no rendezvous, so no master to open or reach
+        return argv
+    argv += ["--nnodes", str(len(cluster.nodes)), "--node-rank", str(rank),
+             "--master-addr", cluster.head.fabric_ip, "--master-port", str(cluster.master_port)]
     return argv + (["--headless"] if rank else [])
 
 

@@ -21,7 +21,7 @@ USER = "svl-switch"
 FIRST_HEAD = "spark-vllm-sw1-ray-head"
 REFUSED_AS_ROOT = re.compile(r"29501 \(mp master\) free; 8000 \(API\) is held by \S+ \(pid \d+\) in "
                              rf"{FIRST_HEAD} of stack sw1\. Fix: destroy that stack first \(`pulumi destroy -s sw1`\), "
-                             r"or change api\.port")
+                             r"or give this stack a spark-vllm:portSlot of its own \(docs/placement\.md\)")
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +73,8 @@ def test_a_user_who_is_not_root_is_refused_naming_the_first_stack_too(first, sec
     assert rows(run)[("node1", "ssh+docker")][1].startswith(f"ssh {user}@"), run.output
     assert rows(run)[("node1", "ports")] == (
         "FAIL", f"29501 (mp master) free; 8000 (API) is in use while stack sw1 runs here ({FIRST_HEAD}; ss names a "
-                "port's owner only to root). Fix: destroy that stack first (`pulumi destroy -s sw1`), or change "
-                "api.port"), run.output
+                "port's owner only to root). Fix: destroy that stack first (`pulumi destroy -s sw1`), or give this "
+                "stack a spark-vllm:portSlot of its own (docs/placement.md)"), run.output
     assert containers("sw2") == []
     second.edit_catalog("clusters.yaml", lambda catalog: catalog["lab"]["ssh"].update(user="root"))
 

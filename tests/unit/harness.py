@@ -17,6 +17,7 @@ import pulumi
 from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime.rpc import _special_secret_sig as SECRET_SIG, _special_sig_key as SIG_KEY
+from pulumi.runtime.settings import get_root_resource
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
@@ -56,6 +57,7 @@ class Registration:
 @dataclass
 class Recording:
     resources: dict[str, Registration] = field(default_factory=dict)
+    outputs: dict[str, Any] = field(default_factory=dict)  # the stack's
 
     def by_name(self, name: str) -> Registration:
         matches = [r for r in self.resources.values() if r.name == name]
@@ -109,6 +111,8 @@ def run_program(config: dict[str, Any], secret_keys: tuple[str, ...] = (), stack
     pulumi.runtime.settings.SETTINGS.rpc_manager.clear()
     pulumi.runtime.settings.SETTINGS.outputs.clear()
     _sync_await(run_pulumi_func(lambda: runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")))
+    root = get_root_resource()  # the mocks' stack, which holds the exports
+    recording.outputs = _sync_await(pulumi.Output.from_input(getattr(root, "outputs", {})).future()) or {}
     return recording
 
 

@@ -69,7 +69,9 @@ BAD = [
     ("bad node name", dict(clusters=cluster_with(lambda c: c["nodes"][1].update(name="Spark_2"))),
      CLUSTERS, "c3.nodes[1].name", "'Spark_2'", "lower-case letters, digits and dashes"),
     ("TP x PP differs from the GPUs", dict(stack=stack_with(serve={"tensorParallel": 2})), STACK,
-     "spark-vllm:serve.tensorParallel x pipelineParallel", "is 2 x 1 = 2", "3 (the GPUs in cluster 'c3'"),
+     "spark-vllm:serve.tensorParallel x pipelineParallel", "is 2 x 1 = 2",
+     "3 (the GPUs of this stack's nodes in cluster 'c3', spark1, spark2, spark3: 3 x 1), or a `spark-vllm:nodes` list "
+     "of 2 of the cluster's nodes"),
     ("TP x PP too many", dict(stack=stack_with(serve={"pipelineParallel": 2})), STACK,
      "spark-vllm:serve.tensorParallel x pipelineParallel", "is 3 x 2 = 6", "3 (the GPUs"),
     ("gpu utilization above 1", dict(stack=stack_with(serve={"gpuMemoryUtilization": 1.2})), STACK,

@@ -1,0 +1,87 @@
+"""Placement in the lab: stacks on some of the cluster's nodes, two of them sharing node1 in slots of their own.
+
+- `pl-ray` (Ray) on node1 alone, slot 0, and `pl-mp` (mp) on node1 alone, slot 1: both serve at once, each on its
+  own API port; bringing up and destroying `pl-mp` leaves every container of `pl-ray` running as it was (same id,
+  same start time) and its fabric guard in place.
+- `pl-n2` on node2 alone, reached through node1 with nothing of it deployed there, in the cluster's own ports: a
+  stack on other nodes needs no slot. Its API is on node2, which this machine has no route to: it is called from
+  node1, over the fabric, as a router there would.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import lab_stack, node_sh
+from labstack import chat
+
+ONE_GPU = {"serve.tensorParallel": "1"}
+
+
+def containers(node: int, stack: str) -> dict[str, str]:
+    """name -> "id started-at" of the stack's containers on the node."""
+    out = node_sh(node, f"docker ps -aq --filter label=spark-vllm.stack={stack} | xargs -r docker inspect "
+                        "-f '{{.Name}} {{.Id}} {{.State.StartedAt}} {{.State.Status}}'")
+    return {line.split()[0].lstrip("/"): " ".join(line.split()[1:]) for line in out.splitlines()}
+
+
+def guard_chains(node: int) -> set[str]:
+    return {line.split()[1] for line in node_sh(node, "iptables -S").splitlines()
+            if line.startswith("-N svl-")}
+
+
+@pytest.fixture(scope="module")
+def pl_ray(lab2, tmp_path_factory):
+    yield from lab_stack(tmp_path_factory, lab2, "pl-ray", config={"nodes[0]": "node1", "portSlot": "0", **ONE_GPU},
+                         up=True)
+
+
+@pytest.fixture(scope="module")
+def pl_mp(lab2, tmp_path_factory):
+    yield from lab_stack(tmp_path_factory, lab2, "pl-mp", executor="mp",
+                         config={"nodes[0]": "node1", "portSlot": "1", **ONE_GPU})
+
+
+def test_two_stacks_share_node1_each_in_its_slot_and_both_serve(pl_ray, pl_mp):
+    before = containers(1, "pl-ray")
+    assert sorted(before) == ["spark-vllm-pl-ray-ray-head"]
+    pl_mp.up()
+    ray_out, mp_out = pl_ray.outputs(), pl_mp.outputs()
+    assert (ray_out["nodes"], mp_out["nodes"]) == (["node1"], ["node1"])
+    assert ray_out["ports"] == {"api.port": 8000, "ray.dashboardPort": 8265, "ray.port": 6379}
+    assert mp_out["ports"] == {"api.port": 8100, "mp.masterPort": 29601}
+    assert mp_out["baseUrl"] == "http://172.29.87.11:8100/v1"
+    for out in (ray_out, mp_out):
+        assert chat(out["baseUrl"], out["servedModel"])["choices"][0]["message"]["content"] == "[lab-tiny] ping"
+    assert sorted(containers(1, "pl-mp")) == ["spark-vllm-pl-mp-vllm-rank0"]
+    assert containers(2, "pl-ray") == {} and containers(2, "pl-mp") == {}
+    assert containers(1, "pl-ray") == before  # not restarted by the other stack's up
+
+
+def test_destroying_one_stack_leaves_the_other_serving_untouched(pl_ray, pl_mp):
+    before, chains = containers(1, "pl-ray"), guard_chains(1)
+    ours = {c for c in chains if c.startswith("svl-pl-ray-")}
+    assert len(ours) == 1 and any(c.startswith("svl-pl-mp-") for c in chains), chains
+    pl_mp.pulumi("destroy", check=True)
+    assert containers(1, "pl-mp") == {}
+    assert containers(1, "pl-ray") == before
+    after = guard_chains(1)
+    assert ours <= after and not any(c.startswith("svl-pl-mp-") for c in after), after
+    out = pl_ray.outputs()
+    assert chat(out["baseUrl"], out["servedModel"])["choices"][0]["message"]["content"] == "[lab-tiny] ping"
+    preview = pl_ray.pulumi("preview", "--expect-no-changes")
+    assert preview.returncode == 0, preview.output
+
+
+@pytest.fixture(scope="module")
+def pl_n2(lab2, tmp_path_factory):
+    yield from lab_stack(tmp_path_factory, lab2, "pl-n2", config={"nodes[0]": "node2", **ONE_GPU})
+
+
+def test_a_stack_on_node2_alone_is_reached_through_node1_with_nothing_on_node1(pl_ray, pl_n2):
+    pl_n2.up()
+    out = pl_n2.outputs()
+    assert out["nodes"] == ["node2"] and out["baseUrl"] == "http://10.87.200.12:8000/v1"
+    assert containers(1, "pl-n2") == {} and sorted(containers(2, "pl-n2")) == ["spark-vllm-pl-n2-ray-head"]
+    models = node_sh(1, "curl -sf http://10.87.200.12:8000/v1/models")
+    assert '"id":"lab-tiny"' in models.replace(" ", ""), models
