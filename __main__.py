@@ -12,6 +12,7 @@ from components.config import pulumi_config, spec
 from components.resources.fabric_guard import FabricGuard, FabricGuardArgs
 from components.resources.gate import Gate, GateArgs
 from components.resources.gate_args import cluster_ready_args, rank_ready_args, serve_ready_args
+from components.resources.memory_claim import MemoryClaim, MemoryClaimArgs
 from components.resources.mp_rank import MpRank, MpRankArgs, ranks_digest
 from components.resources.ray_node import RayNode, RayNodeArgs
 from components.resources.spark_node import SparkNode, SparkNodeArgs
@@ -39,6 +40,10 @@ guards = {
         found=preflight.guard_found(deployment, facts, node)))
     for node in cluster.nodes if cluster.fabric_guard
 }
+# Each node's share of memory, left there for other stacks' preflight to add up (docs/placement.md).
+claims = [MemoryClaim(f"memory-claim-{node.name}", MemoryClaimArgs(
+    stack=deployment.stack, fraction=serve.gpu_memory_utilization, connection=sparks[node.name].connection))
+    for node in cluster.nodes]
 head_spark = sparks[cluster.head.name]
 sync = WeightsSync("weights-sync", WeightsSyncArgs(
     cluster=cluster, serve=serve, preflight=deployment.preflight, facts=facts, connection=head_spark.connection,
@@ -69,7 +74,7 @@ def ray_engine():
         cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
         cluster_ready_id=cluster_ready.ready_id,
         secrets={key: stack_config.require_secret(key) for key in deployment.secrets},
-        nodes={name: spark.connection for name, spark in sparks.items()}, life=lives.serve.token))
+        nodes={name: spark.connection for name, spark in sparks.items()}, life=lives.serve.token, after=tuple(claims)))
     serve_ready = Gate("serve-ready", GateArgs(
         connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
         args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],
@@ -90,11 +95,11 @@ def mp_engine():
                              [digest]) if serve.drop_page_cache else []
     head = MpRank(f"vllm-rank-{cluster.head.name}", MpRankArgs(
         stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head, spark=head_spark, digest=digest,
-        secrets=secrets, depends_on=(guards.get(cluster.head.name), *drops), life=lives.serve.token))
+        secrets=secrets, depends_on=(guards.get(cluster.head.name), *drops, *claims), life=lives.serve.token))
     ranks = {cluster.head.name: head, **{
         node.name: MpRank(f"vllm-rank-{node.name}", MpRankArgs(
             stack=deployment.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name], digest=digest,
-            head=head, depends_on=(guards.get(node.name), sync.synced[node.name] if sync else None, *drops),
+            head=head, depends_on=(guards.get(node.name), sync.synced[node.name] if sync else None, *drops, *claims),
             life=lives.serve.token))
         for node in cluster.workers}}
     ids = [rank.container_id for rank in ranks.values()]

@@ -103,6 +103,13 @@ class Memory:
 
 
 @dataclass(frozen=True)
+class Claims:
+    """Every deployed stack's gpuMemoryUtilization on the node, this one's included (resources/memory_claim.py)."""
+    by_stack: Mapping[str, float] = field(default_factory=dict)
+    unavailable: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class PortHolder:
     pid: int
     process: str
@@ -208,6 +215,7 @@ class NodeFacts:
     guard: Optional[Guard] = None
     rsync: Optional[bool] = None  # whether rsync is installed, with preflight.syncWeights
     running: Optional[Running] = None  # None when Docker does not answer
+    claims: Optional[Claims] = None  # None when Docker does not answer
 
     @property
     def reachable(self) -> bool:
@@ -236,7 +244,8 @@ def parse(raw: Mapping[str, Any]) -> NodeFacts:
         ports=group("ports", Ports, _ports),
         guard=group("guard", Guard, lambda value: Guard(hooked=tuple(value["hooked"]))),
         rsync=raw.get("rsync"),
-        running=group("running", Running, _running))
+        running=group("running", Running, _running),
+        claims=group("claims", Claims, lambda value: Claims(by_stack=dict(value["byStack"]))))
 
 
 def _docker(value: Mapping[str, Any]) -> Docker:

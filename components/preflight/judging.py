@@ -427,6 +427,9 @@ def check_memory(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: 
     serve, cluster, memory = deployment.serve, deployment.cluster, facts.memory
     if memory.unavailable:
         return _could_not(node.name, "memory", memory.unavailable)
+    shared = _shared(deployment, node, facts)
+    if shared is not None and shared.status is Status.FAIL:
+        return shared
     model = ref[1].model if ref is not None else None
     if model is None:
         return _could_not(node.name, "memory", "no node has the weights, so their size is unknown")
@@ -457,10 +460,38 @@ def check_memory(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: 
                          f"(the seed's load was killed at 95 % memory)",
                          f"set spark-vllm:serve.enforceEager to true, or gpuMemoryUtilization to at most "
                          f"{EAGER_OFF_UTILIZATION_LIMIT:g}"))
+    if shared is not None:
+        reason += f"; {shared.reason}"
     if warnings:
         return Finding(node.name, "memory", Status.WARN, "; ".join([reason, *(w for w, _ in warnings)]),
                        "; ".join(fix for _, fix in warnings))
     return Finding(node.name, "memory", Status.OK, reason)
+
+
+def _shared(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Optional[Finding]:
+    """The other stacks deployed on the node, by the claims they left there, added to this one: on unified memory
+    each vLLM's fraction is of the whole node, and vLLM's start-up check fails when they add up past what is free.
+    None when no other stack is deployed here."""
+    claims = facts.claims
+    found = claims.by_stack if claims is not None and not claims.unavailable else {}
+    others = {s: f for s, f in found.items() if s != deployment.stack}
+    if not others:
+        return None
+    util = deployment.serve.gpu_memory_utilization
+    unified = _unified(facts)
+    limit = UNIFIED_UTILIZATION_LIMIT if unified else 1.0
+    total = util + sum(others.values())
+    sums = " + ".join(f"{f:.2f} ({s}, deployed)" for s, f in sorted(others.items()))
+    sums += f" + {util:.2f} (this stack) = {total:.2f}"
+    if total <= limit + 1e-9:
+        return Finding(node.name, "memory", Status.OK, f"shared: {sums}, within {limit:g}")
+    room = limit - sum(others.values())
+    names = sorted(others)
+    fix = (f"lower spark-vllm:serve.gpuMemoryUtilization to at most {room:.2f}, or " if room > 0.005 else "") + \
+        f"destroy {'stack' if len(names) == 1 else 'stacks'} {', '.join(names)} first, or put this stack on other " \
+        "nodes (spark-vllm:nodes)"
+    kind = "the unified-memory limit" if unified else "the GPU's memory"
+    return Finding(node.name, "memory", Status.FAIL, f"{sums} > {limit:g}, {kind}", fix)
 
 
 def check_ports(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:

@@ -10,6 +10,7 @@ import time
 from ..nodes import node_runner
 from ..config.spec import Deployment, NodeSpec
 from ..resources.fabric_guard import chain_prefix
+from ..resources.memory_claim import FRACTION_LABEL, STACK_LABEL
 from ..resources.mp_rank import container_name as rank_name
 from ..nodes.node_facts import NodeFacts, parse
 from ..resources.ray_node import container_name as ray_name
@@ -35,7 +36,8 @@ def probe_spec(deployment: Deployment, node: NodeSpec) -> dict:
             if cluster.fabric_guard else None,
             "gpuProbe": cluster.gpu_probe, "dockerGpus": cluster.docker_gpus, "hashWeights": preflight.hash_weights,
             "syncWeights": preflight.sync_weights, "stepTimeout": STEP_TIMEOUT_S, "imageTimeout": IMAGE_TIMEOUT_S,
-            "running": running_spec(deployment, node)}
+            "running": running_spec(deployment, node),
+            "claims": {"stack": STACK_LABEL, "fraction": FRACTION_LABEL}}
 
 
 def running_spec(deployment: Deployment, node: NodeSpec) -> dict:

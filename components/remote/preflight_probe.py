@@ -284,6 +284,25 @@ def memory(_spec):
     raise Unavailable("/proc/meminfo has no MemTotal")
 
 
+def claims(spec):
+    """Every stack's share of this node's memory, from the volumes their deploys left (resources/memory_claim.py)."""
+    labels = spec["claims"]
+    rc, out, err = sh(["docker", "volume", "ls", "--filter", f"label={labels['fraction']}", "--format",
+                       f'{{{{.Label "{labels["stack"]}"}}}}\t{{{{.Label "{labels["fraction"]}"}}}}'],
+                      spec["stepTimeout"])
+    if rc != 0:
+        raise Unavailable(f"`docker volume ls` failed: {error_line(err)}")
+    found = {}
+    for line in out.splitlines():
+        stack, _, fraction = line.partition("\t")
+        try:
+            found[stack] = float(fraction)
+        except ValueError:
+            raise Unavailable(f"volume label {labels['fraction']}={fraction!r} of stack {stack!r} is not a "
+                              "number") from None
+    return {"byStack": found}
+
+
 def ports(spec):
     rc, out, err = sh(["ss", "-H", "-t", "-l", "-n", "-p"], spec["stepTimeout"])
     if rc != 0:
@@ -492,6 +511,7 @@ def main():
         facts["guard"] = gather("guard", guard, spec)
     if docker_ok:
         facts["running"] = gather("running", running, spec)
+        facts["claims"] = gather("claims", claims, spec)
     facts["timings"] = TIMINGS
     print(MARK + json.dumps(facts))
 

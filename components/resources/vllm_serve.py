@@ -91,6 +91,7 @@ class VllmServeArgs:
     # Every node's connection, for serve.dropPageCache: each node's page cache is dropped before the serve starts.
     nodes: Mapping[str, command.remote.ConnectionArgs] = field(default_factory=dict)
     life: Optional[str] = None  # its life token (components/preflight/liveness.py): a new one restarts it
+    after: tuple = ()  # what must exist before it starts: the stack's memory claims
 
 
 class VllmServe(pulumi.ComponentResource):
@@ -121,7 +122,7 @@ class VllmServe(pulumi.ComponentResource):
             add_previous_output_in_env=False,
             # A fixed port and pid file: the old process must be gone before the new one starts.
             opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"], delete_before_replace=True,
-                                        depends_on=drops or None),
+                                        depends_on=[*drops, *args.after] or None),
         )
         self.serve_id = process.id
         self.register_outputs({"serveId": self.serve_id, "log": LOG_FILE})

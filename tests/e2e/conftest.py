@@ -44,10 +44,13 @@ def remove_leftovers() -> None:
     needs) is removed once, before the first scenario: no test depends on what another run left there."""
     nodes = subprocess.run(["docker", "ps", "--filter", "name=^svl-lab-node", "--format", "{{.Names}}"],
                            capture_output=True, text=True, check=True).stdout.split()
-    listed = "docker ps -a --filter label=spark-vllm.stack --format '{{.ID}} {{.Label \"spark-vllm.stack\"}}'"
+    # The stacks' containers, then their memory claims (labelled volumes) that other stacks' preflight adds up.
+    label = "--filter label=spark-vllm.stack --format '{{.%s}} {{.Label \"spark-vllm.stack\"}}'"
+    others = f"awk '$2 != \"{TRY_LAB_STACK}\" {{print $1}}'"
+    script = (f"docker ps -a {label % 'ID'} | {others} | xargs -r docker rm -f; "
+              f"docker volume ls {label % 'Name'} | {others} | xargs -r docker volume rm -f")
     for node in nodes:
-        subprocess.run(["docker", "exec", node, "sh", "-c",
-                        f"{listed} | awk '$2 != \"{TRY_LAB_STACK}\" {{print $1}}' | xargs -r docker rm -f"],
+        subprocess.run(["docker", "exec", node, "sh", "-c", script],
                        capture_output=True, text=True, timeout=120)
 
 

@@ -1,8 +1,9 @@
 """Placement in the lab: stacks on some of the cluster's nodes, two of them sharing node1 in slots of their own.
 
-- `pl-ray` (Ray) on node1 alone, slot 0, and `pl-mp` (mp) on node1 alone, slot 1: both serve at once, each on its
-  own API port; bringing up and destroying `pl-mp` leaves every container of `pl-ray` running as it was (same id,
-  same start time) and its fabric guard in place.
+- `pl-ray` (Ray) on node1 alone, slot 0, and `pl-mp` (mp) on node1 alone, slot 1: `pl-mp` is refused at preflight
+  while the two memory fractions add up past the GB10's limit (the lab's GPUs are GB10 stand-ins), and creates
+  nothing; at a fraction that fits, both serve at once, each on its own API port. Bringing up and destroying `pl-mp`
+  leaves every container of `pl-ray` running as it was (same id, same start time) and its fabric guard in place.
 - `pl-n2` on node2 alone, reached through node1 with nothing of it deployed there, in the cluster's own ports: a
   stack on other nodes needs no slot. Its API is on node2, which this machine has no route to: it is called from
   node1, over the fabric, as a router there would.
@@ -14,6 +15,7 @@ import pytest
 
 from conftest import lab_stack, node_sh
 from labstack import chat
+from test_preflight import rows
 
 ONE_GPU = {"serve.tensorParallel": "1"}
 
@@ -32,20 +34,32 @@ def guard_chains(node: int) -> set[str]:
 
 @pytest.fixture(scope="module")
 def pl_ray(lab2, tmp_path_factory):
-    yield from lab_stack(tmp_path_factory, lab2, "pl-ray", config={"nodes[0]": "node1", "portSlot": "0", **ONE_GPU},
-                         up=True)
+    yield from lab_stack(tmp_path_factory, lab2, "pl-ray", up=True, config={
+        "nodes[0]": "node1", "portSlot": "0", "serve.gpuMemoryUtilization": "0.4", **ONE_GPU})
 
 
 @pytest.fixture(scope="module")
 def pl_mp(lab2, tmp_path_factory):
     yield from lab_stack(tmp_path_factory, lab2, "pl-mp", executor="mp",
-                         config={"nodes[0]": "node1", "portSlot": "1", **ONE_GPU})
+                         config={"nodes[0]": "node1", "portSlot": "1", "serve.gpuMemoryUtilization": "0.5", **ONE_GPU})
+
+
+def test_a_second_stack_past_the_nodes_memory_is_refused_and_creates_nothing(pl_ray, pl_mp):
+    run = pl_mp.up(check=False)
+    assert run.returncode != 0
+    assert rows(run)[("node1", "memory")] == (
+        "FAIL", "0.40 (pl-ray, deployed) + 0.50 (this stack) = 0.90 > 0.86, the unified-memory limit. Fix: lower "
+                "spark-vllm:serve.gpuMemoryUtilization to at most 0.46, or destroy stack pl-ray first, or put this "
+                "stack on other nodes (spark-vllm:nodes)"), run.output
+    assert containers(1, "pl-mp") == {}
 
 
 def test_two_stacks_share_node1_each_in_its_slot_and_both_serve(pl_ray, pl_mp):
     before = containers(1, "pl-ray")
     assert sorted(before) == ["spark-vllm-pl-ray-ray-head"]
-    pl_mp.up()
+    pl_mp.set_config("serve.gpuMemoryUtilization", "0.4")
+    run = pl_mp.up()
+    assert "0.40 (pl-ray, deployed) + 0.40 (this stack) = 0.80, within 0.86" in rows(run)[("node1", "memory")][1]
     ray_out, mp_out = pl_ray.outputs(), pl_mp.outputs()
     assert (ray_out["nodes"], mp_out["nodes"]) == (["node1"], ["node1"])
     assert ray_out["ports"] == {"api.port": 8000, "ray.dashboardPort": 8265, "ray.port": 6379}
@@ -62,8 +76,11 @@ def test_destroying_one_stack_leaves_the_other_serving_untouched(pl_ray, pl_mp):
     before, chains = containers(1, "pl-ray"), guard_chains(1)
     ours = {c for c in chains if c.startswith("svl-pl-ray-")}
     assert len(ours) == 1 and any(c.startswith("svl-pl-mp-") for c in chains), chains
+    claims = "docker volume ls -q --filter label=spark-vllm.gpu-memory-utilization"
+    assert node_sh(1, claims).split() == ["spark-vllm-pl-mp-memory", "spark-vllm-pl-ray-memory"]
     pl_mp.pulumi("destroy", check=True)
     assert containers(1, "pl-mp") == {}
+    assert node_sh(1, claims).split() == ["spark-vllm-pl-ray-memory"]
     assert containers(1, "pl-ray") == before
     after = guard_chains(1)
     assert ours <= after and not any(c.startswith("svl-pl-mp-") for c in after), after

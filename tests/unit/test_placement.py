@@ -157,3 +157,20 @@ def test_mp_on_one_node_is_plain_vllm_with_no_rendezvous_to_wait_for(tmp_path):
         assert flag not in rank.inputs["command"]
     assert not [name for name in rec.names() if name.startswith("ranks-ready")]
     assert rec.by_name("serve-ready-gate").inputs["triggers"] == [rank.id]
+
+
+def test_each_node_carries_the_stacks_memory_claim_before_the_serve_starts(tmp_path):
+    rec, _ = outputs_and_names(tmp_path, serve={"gpuMemoryUtilization": 0.45})
+    serve = rec.by_name("vllm-serve-process")
+    for node in ("spark1", "spark2", "spark3"):
+        claim = rec.by_name(f"memory-claim-{node}-volume")
+        assert claim.inputs["create"] == (
+            "docker volume rm -f spark-vllm-test-memory >/dev/null && docker volume create --label "
+            "spark-vllm.stack=test --label spark-vllm.gpu-memory-utilization=0.45 spark-vllm-test-memory >/dev/null")
+        assert claim.inputs["delete"] == "docker volume rm -f spark-vllm-test-memory >/dev/null"
+        assert claim.delete_before_replace and "*" in claim.replace_on_changes
+        assert claim.urn in serve.dependencies
+    # Each on its own node (the connection is a secret: it holds the key), spark2's through spark1.
+    hosts = {node: rec.by_name(f"memory-claim-{node}-volume").inputs["connection"]["value"]["host"]
+             for node in ("spark1", "spark2", "spark3")}
+    assert hosts == {"spark1": "10.10.10.11", "spark2": "192.168.200.2", "spark3": "10.10.10.13"}

@@ -773,6 +773,32 @@ def test_memory_without_the_kv_shape_says_so(tmp_path):
               "(0.85 x 128.0 GiB)", "")
 
 
+def test_other_stacks_deployed_on_a_node_add_up_with_this_one(tmp_path):
+    """Their claims (a labelled volume a node, resources/memory_claim.py) count, whoever deployed them; this stack's
+    own claim (an earlier up of it) does not count twice."""
+    d, facts = deployment(tmp_path, serve={"gpuMemoryUtilization": 0.5}), healthy()
+    facts["spark2"]["claims"] = {"byStack": {"qwen3-30b": 0.45, "test": 0.5}}
+    assert one(d, facts, "spark2", "memory") == (
+        "fail", "0.45 (qwen3-30b, deployed) + 0.50 (this stack) = 0.95 > 0.86, the unified-memory limit",
+        "lower spark-vllm:serve.gpuMemoryUtilization to at most 0.41, or destroy stack qwen3-30b first, or put this "
+        "stack on other nodes (spark-vllm:nodes)")
+    facts["spark2"]["claims"] = {"byStack": {"b": 0.3, "a": 0.2}}
+    assert one(d, facts, "spark2", "memory") == (
+        "fail", "0.20 (a, deployed) + 0.30 (b, deployed) + 0.50 (this stack) = 1.00 > 0.86, the unified-memory limit",
+        "lower spark-vllm:serve.gpuMemoryUtilization to at most 0.36, or destroy stacks a, b first, or put this stack "
+        "on other nodes (spark-vllm:nodes)")
+    facts["spark2"]["claims"] = {"byStack": {"a": 0.3}}
+    assert one(d, facts, "spark2", "memory") == (
+        "ok", f"needs about 10.7 GiB ({NEED}) of 64.0 GiB (0.5 x 128.0 GiB); shared: 0.30 (a, deployed) + 0.50 "
+              "(this stack) = 0.80, within 0.86", "")
+    facts["spark2"]["claims"] = {"byStack": {"a": 0.45}}
+    facts["spark2"]["gpus"]["names"] = ["NVIDIA H100 80GB HBM3"]  # its own memory: the fractions may reach 1
+    assert one(d, facts, "spark2", "memory")[0] == "ok"
+    facts["spark2"]["claims"] = {"byStack": {"a": 0.55}}
+    assert one(d, facts, "spark2", "memory")[1] == (
+        "0.55 (a, deployed) + 0.50 (this stack) = 1.05 > 1, the GPU's memory")
+
+
 def test_memory_without_meminfo_could_not_be_checked(tmp_path):
     d, facts = deployment(tmp_path), healthy()
     facts["spark2"]["memory"] = {"unavailable": "/proc/meminfo has no MemTotal"}

@@ -20,6 +20,7 @@ GUARDS = {"fabric-guard-spark1-rules", "fabric-guard-spark2-rules", "fabric-guar
 # The watchdog's arm is replaced (so disarmed first) whenever a container or the serve is; its keepers only when
 # what they keep or guard changes.
 ARM = {"watchdog-arm"}
+CLAIMS = {"memory-claim-spark1-volume", "memory-claim-spark2-volume", "memory-claim-spark3-volume"}
 KEEPERS = {"watchdog-keeper-spark1", "watchdog-keeper-spark2", "watchdog-keeper-spark3"}
 
 
@@ -47,7 +48,8 @@ FOUR_NODES = cluster(lambda c: c["nodes"].append(
 MATRIX = [
     ("no change", {}, set(), set()),
     ("max model len", dict(serve={"maxModelLen": 4096}), SERVE_CHAIN | ARM, set()),
-    ("gpu memory utilization", dict(serve={"gpuMemoryUtilization": 0.8}), SERVE_CHAIN | ARM, set()),
+    # The claims on the nodes carry the fraction for other stacks' preflight: replaced too, restarting nothing.
+    ("gpu memory utilization", dict(serve={"gpuMemoryUtilization": 0.8}), SERVE_CHAIN | ARM | CLAIMS, set()),
     ("enforce eager off", dict(serve={"enforceEager": False}), SERVE_CHAIN | ARM, set()),
     ("extra args", dict(serve={"extraArgs": ["--max-num-batched-tokens", "8192"]}), SERVE_CHAIN | ARM, set()),
     ("api key", dict(apiKey="key-two"), SERVE_CHAIN | ARM, set()),
@@ -68,7 +70,7 @@ MATRIX = [
     ("a node added", dict(clusters=FOUR_NODES, serve={"tensorParallel": 4}),
      GATE_AND_SERVE | ARM | {"watchdog-keeper-spark1"},
      {"spark4-docker", "spark4-image", "fabric-guard-spark4-rules", "ray-worker-spark4-container",
-      "watchdog-keeper-spark4"}),
+      "watchdog-keeper-spark4", "memory-claim-spark4-volume"}),
 ]
 
 
@@ -93,7 +95,7 @@ def mp(change=lambda m: None):
 MP_MATRIX = [
     ("no change", {}, set(), set()),
     ("max model len", dict(serve={"maxModelLen": 4096}), MP_ALL | ARM, set()),
-    ("gpu memory utilization", dict(serve={"gpuMemoryUtilization": 0.8}), MP_ALL | ARM, set()),
+    ("gpu memory utilization", dict(serve={"gpuMemoryUtilization": 0.8}), MP_ALL | ARM | CLAIMS, set()),
     ("enforce eager off", dict(serve={"enforceEager": False}), MP_ALL | ARM, set()),
     ("extra args", dict(serve={"extraArgs": ["--max-num-batched-tokens", "8192"]}), MP_ALL | ARM, set()),
     ("api key", dict(apiKey="key-two"), MP_ALL | ARM, set()),
@@ -108,7 +110,7 @@ MP_MATRIX = [
      MP_ALL | {"spark1-image", "spark2-image", "spark3-image"} | ARM | KEEPERS, set()),
     ("a node added", dict(clusters=FOUR_NODES, serve={"tensorParallel": 4}), MP_ALL | ARM | {"watchdog-keeper-spark1"},
      {"spark4-docker", "spark4-image", "fabric-guard-spark4-rules", "vllm-rank-spark4-container",
-      "ranks-ready-spark4-gate", "watchdog-keeper-spark4"}),
+      "ranks-ready-spark4-gate", "watchdog-keeper-spark4", "memory-claim-spark4-volume"}),
 ]
 
 
