@@ -12,6 +12,7 @@ from components.config import pulumi_config, spec
 from components.resources.fabric_guard import FabricGuard, FabricGuardArgs
 from components.resources.gate import Gate, GateArgs
 from components.resources.gate_args import cluster_ready_args, rank_ready_args, serve_ready_args
+from components.resources.load_turn import load_turns
 from components.resources.memory_claim import MemoryClaim, MemoryClaimArgs
 from components.resources.mp_rank import MpRank, MpRankArgs, ranks_digest
 from components.resources.ray_node import RayNode, RayNodeArgs
@@ -71,10 +72,11 @@ def ray_engine():
         timeout_s=deployment.cluster_ready_timeout_s),
         opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ClusterReady")]))
     serve_process = VllmServe("vllm-serve", VllmServeArgs(
-        cluster=cluster, serve=serve, connection=head_spark.connection, head_container=head.container_name,
-        cluster_ready_id=cluster_ready.ready_id,
+        stack=deployment.stack, cluster=cluster, serve=serve, connection=head_spark.connection,
+        head_container=head.container_name, cluster_ready_id=cluster_ready.ready_id,
         secrets={key: stack_config.require_secret(key) for key in deployment.secrets},
-        nodes={name: spark.connection for name, spark in sparks.items()}, life=lives.serve.token, after=tuple(claims)))
+        nodes={name: spark.connection for name, spark in sparks.items()}, life=lives.serve.token, after=tuple(claims),
+        sparks=sparks, load_s=deployment.serve_ready_timeout_s))
     serve_ready = Gate("serve-ready", GateArgs(
         connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
         args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],
@@ -91,15 +93,18 @@ def mp_engine():
     # Every rank's settings, the images and the secrets: a change of any restarts all ranks together.
     digest = pulumi.Output.all(*(s.image_id for s in sparks.values()), *(secrets[k] for k in keys)).apply(
         lambda values: hashlib.sha256(json.dumps([ranks_digest(cluster, serve), values]).encode()).hexdigest()[:16])
+    # One stack loads on a node at a time (docs/placement.md): each node's turn first, then its cache drop.
+    turns = load_turns("mp-serve", None, deployment.stack, cluster, sparks, [digest], deployment.serve_ready_timeout_s,
+                       claims)
     drops = page_cache_drops("mp-serve", None, {n: s.connection for n, s in sparks.items()},
-                             [digest]) if serve.drop_page_cache else []
+                             [digest], turns) if serve.drop_page_cache else []
     head = MpRank(f"vllm-rank-{cluster.head.name}", MpRankArgs(
         stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head, spark=head_spark, digest=digest,
-        secrets=secrets, depends_on=(guards.get(cluster.head.name), *drops, *claims), life=lives.serve.token))
+        secrets=secrets, depends_on=(guards.get(cluster.head.name), *turns, *drops), life=lives.serve.token))
     ranks = {cluster.head.name: head, **{
         node.name: MpRank(f"vllm-rank-{node.name}", MpRankArgs(
             stack=deployment.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name], digest=digest,
-            head=head, depends_on=(guards.get(node.name), sync.synced[node.name] if sync else None, *drops, *claims),
+            head=head, depends_on=(guards.get(node.name), sync.synced[node.name] if sync else None, *turns, *drops),
             life=lives.serve.token))
         for node in cluster.workers}}
     ids = [rank.container_id for rank in ranks.values()]

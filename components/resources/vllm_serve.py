@@ -11,13 +11,15 @@ import base64
 import hashlib
 import shlex
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_command as command
 
 from ..config.spec import ClusterSpec, ServeSpec
 from ..remote import script
+from .load_turn import load_turns
+from .spark_node import SparkNode
 
 RUN_DIR = "/run/spark-vllm"
 PID_FILE = f"{RUN_DIR}/serve.pid"
@@ -67,8 +69,9 @@ def stop_command(container: str) -> str:
 
 
 def page_cache_drops(name: str, parent: Optional[pulumi.Resource], nodes: Mapping[str, command.remote.ConnectionArgs],
-                     triggers: list) -> list[command.remote.Command]:
-    """`serve.dropPageCache`: one command a node, replaced (so run again) whenever `triggers` change."""
+                     triggers: list, after: Sequence[pulumi.Resource] = ()) -> list[command.remote.Command]:
+    """`serve.dropPageCache`: one command a node, replaced (so run again) whenever `triggers` change; after the
+    load turns, since dropping the cache frees memory under another stack's loading vLLM."""
     return [command.remote.Command(
         f"{name}-drop-cache-{node}",
         connection=connection,
@@ -76,12 +79,13 @@ def page_cache_drops(name: str, parent: Optional[pulumi.Resource], nodes: Mappin
         stdin=script("drop_page_cache.sh"),
         triggers=triggers,
         add_previous_output_in_env=False,
-        opts=pulumi.ResourceOptions(parent=parent, replace_on_changes=["*"]),
+        opts=pulumi.ResourceOptions(parent=parent, replace_on_changes=["*"], depends_on=list(after)),
     ) for node, connection in nodes.items()]
 
 
 @dataclass
 class VllmServeArgs:
+    stack: str
     cluster: ClusterSpec
     serve: ServeSpec
     connection: command.remote.ConnectionArgs  # of the head node
@@ -92,6 +96,9 @@ class VllmServeArgs:
     nodes: Mapping[str, command.remote.ConnectionArgs] = field(default_factory=dict)
     life: Optional[str] = None  # its life token (components/preflight/liveness.py): a new one restarts it
     after: tuple = ()  # what must exist before it starts: the stack's memory claims
+    # The nodes, whose load turns it takes first (load_turn.py), and the longest a load may take there.
+    sparks: Mapping[str, SparkNode] = field(default_factory=dict)
+    load_s: int = 2400
 
 
 class VllmServe(pulumi.ComponentResource):
@@ -107,11 +114,11 @@ class VllmServe(pulumi.ComponentResource):
         life = [args.life] if args.life else []
         create = shlex.join(["docker", "exec", "-i", args.head_container, "sh", "-s", "--",
                              *(f"--life={token}" for token in life), *serve_argv(args.serve, args.cluster)])
-        drops = []
-        if args.serve.drop_page_cache:
-            # What replaces the serve replaces these too; the secrets enter only as a digest, itself a secret.
-            digest = stdin.apply(lambda text: hashlib.sha256(text.encode()).hexdigest()[:16])
-            drops = page_cache_drops(name, self, args.nodes, [args.cluster_ready_id, create, digest])
+        # What replaces the serve replaces these too; the secrets enter only as a digest, itself a secret.
+        digest = stdin.apply(lambda text: hashlib.sha256(text.encode()).hexdigest()[:16])
+        triggers = [args.cluster_ready_id, create, digest]
+        turns = load_turns(name, self, args.stack, args.cluster, args.sparks, triggers, args.load_s, args.after)
+        drops = page_cache_drops(name, self, args.nodes, triggers, turns) if args.serve.drop_page_cache else []
         process = command.remote.Command(
             f"{name}-process",
             connection=args.connection,
@@ -122,7 +129,7 @@ class VllmServe(pulumi.ComponentResource):
             add_previous_output_in_env=False,
             # A fixed port and pid file: the old process must be gone before the new one starts.
             opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"], delete_before_replace=True,
-                                        depends_on=[*drops, *args.after] or None),
+                                        depends_on=[*turns, *drops] or None),
         )
         self.serve_id = process.id
         self.register_outputs({"serveId": self.serve_id, "log": LOG_FILE})

@@ -2,14 +2,19 @@
 
 - `pl-ray` (Ray) on node1 alone, slot 0, and `pl-mp` (mp) on node1 alone, slot 1: `pl-mp` is refused at preflight
   while the two memory fractions add up past the GB10's limit (the lab's GPUs are GB10 stand-ins), and creates
-  nothing; at a fraction that fits, both serve at once, each on its own API port. Bringing up and destroying `pl-mp`
-  leaves every container of `pl-ray` running as it was (same id, same start time) and its fabric guard in place.
+  nothing; at a fraction that fits, both are brought up at once (`pl-ray` with a new serve), take node1's load turn
+  one after the other (their loads, as the vLLM double stamps them, do not overlap), and serve, each on its own
+  API port. Destroying `pl-mp` leaves every container of `pl-ray` running as it was (same id, same start time),
+  its fabric guard and memory claim in place, and its preview clean.
 - `pl-n2` on node2 alone, reached through node1 with nothing of it deployed there, in the cluster's own ports: a
   stack on other nodes needs no slot. Its API is on node2, which this machine has no route to: it is called from
   node1, over the fabric, as a router there would.
 """
 
 from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -54,12 +59,31 @@ def test_a_second_stack_past_the_nodes_memory_is_refused_and_creates_nothing(pl_
     assert containers(1, "pl-mp") == {}
 
 
+def load_window(log: str) -> tuple[str, str]:
+    """The last load in a vLLM double's log: when it started and when it ended, as its lines stamp them."""
+    stamped = re.findall(r"^INFO \d\d-\d\d (\d\d:\d\d:\d\d) \[[^]]+\] (Starting to load model|Loading weights took)",
+                         log, re.M)
+    starts = [time for time, what in stamped if what.startswith("Starting")]
+    ends = [time for time, what in stamped if what.startswith("Loading")]
+    assert starts and ends, log
+    return starts[-1], ends[-1]
+
+
 def test_two_stacks_share_node1_each_in_its_slot_and_both_serve(pl_ray, pl_mp):
     before = containers(1, "pl-ray")
     assert sorted(before) == ["spark-vllm-pl-ray-ray-head"]
     pl_mp.set_config("serve.gpuMemoryUtilization", "0.4")
-    run = pl_mp.up()
-    assert "0.40 (pl-ray, deployed) + 0.40 (this stack) = 0.80, within 0.86" in rows(run)[("node1", "memory")][1]
+    pl_ray.set_config("serve.maxModelLen", "2048")  # a new serve: both stacks want to load on node1 at once
+    with ThreadPoolExecutor(2) as pool:
+        ray_run, mp_run = pool.map(lambda s: s.up(), (pl_ray, pl_mp))
+    assert "0.40 (pl-ray, deployed) + 0.40 (this stack) = 0.80, within 0.86" in rows(mp_run)[("node1", "memory")][1]
+    # One turn at a time on node1: the second load starts once the first has ended (the double stamps seconds).
+    ray_load = load_window(node_sh(1, "docker exec spark-vllm-pl-ray-ray-head cat /var/log/spark-vllm/serve.log"))
+    mp_load = load_window(node_sh(1, "docker logs spark-vllm-pl-mp-vllm-rank0 2>&1"))
+    first, second = sorted([ray_load, mp_load])
+    waited = [line for run in (ray_run, mp_run) for line in run.output.splitlines() if "to load first" in line]
+    print(f"loads on node1: pl-ray {ray_load}, pl-mp {mp_load}; waits: {waited}")
+    assert second[0] >= first[1], (ray_load, mp_load)
     ray_out, mp_out = pl_ray.outputs(), pl_mp.outputs()
     assert (ray_out["nodes"], mp_out["nodes"]) == (["node1"], ["node1"])
     assert ray_out["ports"] == {"api.port": 8000, "ray.dashboardPort": 8265, "ray.port": 6379}
@@ -69,7 +93,7 @@ def test_two_stacks_share_node1_each_in_its_slot_and_both_serve(pl_ray, pl_mp):
         assert chat(out["baseUrl"], out["servedModel"])["choices"][0]["message"]["content"] == "[lab-tiny] ping"
     assert sorted(containers(1, "pl-mp")) == ["spark-vllm-pl-mp-vllm-rank0"]
     assert containers(2, "pl-ray") == {} and containers(2, "pl-mp") == {}
-    assert containers(1, "pl-ray") == before  # not restarted by the other stack's up
+    assert containers(1, "pl-ray") == before  # a new serve inside it, but the container itself untouched
 
 
 def test_destroying_one_stack_leaves_the_other_serving_untouched(pl_ray, pl_mp):

@@ -161,7 +161,7 @@ def test_mp_on_one_node_is_plain_vllm_with_no_rendezvous_to_wait_for(tmp_path):
 
 def test_each_node_carries_the_stacks_memory_claim_before_the_serve_starts(tmp_path):
     rec, _ = outputs_and_names(tmp_path, serve={"gpuMemoryUtilization": 0.45})
-    serve = rec.by_name("vllm-serve-process")
+    first_turn = rec.by_name("vllm-serve-load-turn-spark1")  # the claims, then the load turns, then the serve
     for node in ("spark1", "spark2", "spark3"):
         claim = rec.by_name(f"memory-claim-{node}-volume")
         assert claim.inputs["create"] == (
@@ -169,8 +169,31 @@ def test_each_node_carries_the_stacks_memory_claim_before_the_serve_starts(tmp_p
             "spark-vllm.stack=test --label spark-vllm.gpu-memory-utilization=0.45 spark-vllm-test-memory >/dev/null")
         assert claim.inputs["delete"] == "docker volume rm -f spark-vllm-test-memory >/dev/null"
         assert claim.delete_before_replace and "*" in claim.replace_on_changes
-        assert claim.urn in serve.dependencies
+        assert claim.urn in first_turn.dependencies
     # Each on its own node (the connection is a secret: it holds the key), spark2's through spark1.
     hosts = {node: rec.by_name(f"memory-claim-{node}-volume").inputs["connection"]["value"]["host"]
              for node in ("spark1", "spark2", "spark3")}
     assert hosts == {"spark1": "10.10.10.11", "spark2": "192.168.200.2", "spark3": "10.10.10.13"}
+
+
+@pytest.mark.parametrize("executor, prefix, first", [("ray", "vllm-serve", "vllm-serve-process"),
+                                                     ("mp", "mp-serve", "vllm-rank-spark3-container")])
+def test_the_load_turns_are_taken_in_node_name_order_before_vllm_starts(tmp_path, executor, prefix, first):
+    """Two stacks sharing two nodes take their turns in the same order, so neither holds one and waits for the
+    other's; the turn is taken (bounded) with the image that is on the node, and given back on delete."""
+    rec, _ = outputs_and_names(tmp_path, model="small", nodes=["spark3", "spark1"], portSlot=1,
+                               serve={"tensorParallel": 2, "executor": executor, "dropPageCache": True})
+    one, three = rec.by_name(f"{prefix}-load-turn-spark1"), rec.by_name(f"{prefix}-load-turn-spark3")
+    assert one.urn in three.dependencies
+    assert {rec.by_name("memory-claim-spark1-volume").urn, rec.by_name("memory-claim-spark3-volume").urn} <= set(
+        one.dependencies)
+    for turn in (one, three):
+        assert turn.urn in rec.by_name(first).dependencies
+        # The cache drop frees memory: it waits for the turn too.
+        assert turn.urn in rec.by_name(f"{prefix}-drop-cache-spark1").dependencies
+    create = three.inputs["create"]
+    assert create.startswith("timeout -k 10 2430 python3 - take --stack=test --node=spark3 "
+                             "--health=http://192.168.200.3:8100/health --hold=2400 --wait=2400 --image=sha256:")
+    assert three.inputs["delete"] == (
+        "if [ \"$(docker inspect -f '{{index .Config.Labels \"spark-vllm.load-turn-stack\"}}' spark-vllm-load-turn "
+        "2>/dev/null)\" = test ]; then docker rm -f spark-vllm-load-turn >/dev/null; fi")

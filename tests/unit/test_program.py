@@ -41,7 +41,8 @@ def test_one_provider_image_and_container_per_node(rec):
                                     *(f"watchdog-keeper-{n}" for n in ("spark1", "spark2", "spark3"))}
     assert rec.names(COMMAND) == {"cluster-ready-gate", "vllm-serve-process", "serve-ready-gate", "watchdog-arm",
                                   *(f"fabric-guard-{n}-rules" for n in ("spark1", "spark2", "spark3")),
-                                  *(f"memory-claim-{n}-volume" for n in ("spark1", "spark2", "spark3"))}
+                                  *(f"memory-claim-{n}-volume" for n in ("spark1", "spark2", "spark3")),
+                                  *(f"vllm-serve-load-turn-{n}" for n in ("spark1", "spark2", "spark3"))}
     for node in ("spark1", "spark2", "spark3"):
         provider = rec.by_name(f"{node}-docker")
         assert rec.by_name(f"{node}-image").provider.startswith(provider.urn)

@@ -41,7 +41,8 @@ def test_no_ray_at_all_one_rank_a_node(rec):
     assert rec.names(CONTAINER) == {*RANKS, *(f"watchdog-keeper-{n}" for n in nodes)}
     assert rec.names(COMMAND) == {"serve-ready-gate", "watchdog-arm", *(f"ranks-ready-{n}-gate" for n in nodes),
                                   *(f"fabric-guard-{n}-rules" for n in nodes),
-                                  *(f"memory-claim-{n}-volume" for n in nodes)}
+                                  *(f"memory-claim-{n}-volume" for n in nodes),
+                                  *(f"mp-serve-load-turn-{n}" for n in nodes)}
     assert not any("ray" in name.replace("ready", "") for name in rec.names())
     for node in ("spark1", "spark2", "spark3"):
         assert rec.by_name(f"vllm-rank-{node}-container").provider.startswith(rec.by_name(f"{node}-docker").urn)

@@ -13,7 +13,10 @@ from fixtures import cluster_with as cluster, models_with as models, stack_confi
 from harness import run_program
 
 SECRET_KEYS = ("spark-vllm:apiKey",)
-SERVE_CHAIN = {"vllm-serve-process", "serve-ready-gate"}
+NODES = ("spark1", "spark2", "spark3")
+# Each node's load turn is taken again before every new serve (one stack loads on a node at a time).
+TURNS = {f"vllm-serve-load-turn-{n}" for n in NODES}
+SERVE_CHAIN = {"vllm-serve-process", "serve-ready-gate"} | TURNS
 GATE_AND_SERVE = {"cluster-ready-gate"} | SERVE_CHAIN
 CONTAINERS = {"ray-head-container", "ray-worker-spark2-container", "ray-worker-spark3-container"}
 GUARDS = {"fabric-guard-spark1-rules", "fabric-guard-spark2-rules", "fabric-guard-spark3-rules"}
@@ -70,7 +73,7 @@ MATRIX = [
     ("a node added", dict(clusters=FOUR_NODES, serve={"tensorParallel": 4}),
      GATE_AND_SERVE | ARM | {"watchdog-keeper-spark1"},
      {"spark4-docker", "spark4-image", "fabric-guard-spark4-rules", "ray-worker-spark4-container",
-      "watchdog-keeper-spark4", "memory-claim-spark4-volume"}),
+      "watchdog-keeper-spark4", "memory-claim-spark4-volume", "vllm-serve-load-turn-spark4"}),
 ]
 
 
@@ -85,7 +88,8 @@ def test_restart_matrix(tmp_path, change, replaced, created):
 # one rank restarts all of them, with the gates; the guard and the sync only on their own inputs.
 MP_RANKS = {"vllm-rank-spark1-container", "vllm-rank-spark2-container", "vllm-rank-spark3-container"}
 MP_GATES = {"ranks-ready-spark1-gate", "ranks-ready-spark2-gate", "ranks-ready-spark3-gate", "serve-ready-gate"}
-MP_ALL = MP_RANKS | MP_GATES
+MP_TURNS = {f"mp-serve-load-turn-{n}" for n in NODES}
+MP_ALL = MP_RANKS | MP_GATES | MP_TURNS
 
 
 def mp(change=lambda m: None):
@@ -110,7 +114,7 @@ MP_MATRIX = [
      MP_ALL | {"spark1-image", "spark2-image", "spark3-image"} | ARM | KEEPERS, set()),
     ("a node added", dict(clusters=FOUR_NODES, serve={"tensorParallel": 4}), MP_ALL | ARM | {"watchdog-keeper-spark1"},
      {"spark4-docker", "spark4-image", "fabric-guard-spark4-rules", "vllm-rank-spark4-container",
-      "ranks-ready-spark4-gate", "watchdog-keeper-spark4", "memory-claim-spark4-volume"}),
+      "ranks-ready-spark4-gate", "watchdog-keeper-spark4", "memory-claim-spark4-volume", "mp-serve-load-turn-spark4"}),
 ]
 
 
@@ -129,4 +133,4 @@ def test_ray_to_mp_replaces_the_engine_and_keeps_nodes_and_images(tmp_path):
     # The guards: Ray's ports closed no more, the master port now; the keepers keep the ranks now.
     assert replaced == GUARDS | {"serve-ready-gate"} | ARM | KEEPERS
     assert created == MP_ALL - {"serve-ready-gate"}
-    assert deleted == CONTAINERS | {"cluster-ready-gate", "vllm-serve-process"}
+    assert deleted == CONTAINERS | {"cluster-ready-gate", "vllm-serve-process"} | TURNS

@@ -1,0 +1,58 @@
+"""The load turn: before a stack's vLLM starts, each of its nodes' turn is taken (components/remote/load_turn.py),
+so that two stacks never load on one node at the same time (docs/placement.md).
+
+One command a node, replaced (so run again) whenever what starts a new load changes, like the page-cache drops.
+The turns are taken in node-name order, each after the one before: two stacks that share two nodes cannot each
+hold one and wait for the other.
+"""
+
+from __future__ import annotations
+
+import shlex
+from functools import partial
+from typing import Mapping, Sequence
+
+import pulumi
+import pulumi_command as command
+
+from ..config.spec import ClusterSpec
+from ..remote import bounded, script
+from .spark_node import SparkNode
+
+TURN = "spark-vllm-load-turn"
+
+
+def give_back(stack: str) -> str:
+    """The turn removed if this stack holds it: on delete, so that a destroyed stack leaves no turn behind."""
+    owner = shlex.quote('{{index .Config.Labels "spark-vllm.load-turn-stack"}}')
+    return (f"if [ \"$(docker inspect -f {owner} {TURN} 2>/dev/null)\" = {shlex.quote(stack)} ]; then "
+            f"docker rm -f {TURN} >/dev/null; fi")
+
+
+def _take(argv: list[str], seconds: int, image: str) -> str:
+    return bounded(shlex.join([*argv, f"--image={image}"]), seconds)
+
+
+def load_turns(name: str, parent: pulumi.Resource | None, stack: str, cluster: ClusterSpec,
+               sparks: Mapping[str, SparkNode], triggers: list, seconds: int,
+               after: Sequence[pulumi.Resource] = ()) -> list[command.remote.Command]:
+    """`seconds` (the serve gate's bound) is how long this stack holds a turn at most, and waits for another's."""
+    host = cluster.head.fabric_ip if cluster.api_bind == "0.0.0.0" else cluster.api_bind
+    health = f"http://{host}:{cluster.api_port}/health"
+    turns: list[command.remote.Command] = []
+    for node in sorted(cluster.nodes, key=lambda n: n.name):
+        spark = sparks[node.name]
+        argv = ["python3", "-", "take", f"--stack={stack}", f"--node={node.name}", f"--health={health}",
+                f"--hold={seconds}", f"--wait={seconds}"]
+        take = spark.image_id.apply(partial(_take, argv, seconds + 30))
+        turns.append(command.remote.Command(
+            f"{name}-load-turn-{node.name}",
+            connection=spark.connection,
+            create=take,
+            stdin=script("load_turn.py"),
+            delete=give_back(stack),
+            triggers=triggers,
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=parent, replace_on_changes=["*"],
+                                        depends_on=[turns[-1]] if turns else list(after))))
+    return turns
