@@ -94,8 +94,9 @@ def mp_engine():
     digest = pulumi.Output.all(*(s.image_id for s in sparks.values()), *(secrets[k] for k in keys)).apply(
         lambda values: hashlib.sha256(json.dumps([ranks_digest(cluster, serve), values]).encode()).hexdigest()[:16])
     # One stack loads on a node at a time (docs/placement.md): each node's turn first, then its cache drop.
-    turns = load_turns("mp-serve", None, deployment.stack, cluster, sparks, [digest], deployment.serve_ready_timeout_s,
-                       claims)
+    life = [lives.serve.token] if lives.serve.token else []  # a dead group's new ranks load again
+    turns = load_turns("mp-serve", None, deployment.stack, cluster, sparks, [digest, *life],
+                       deployment.serve_ready_timeout_s, claims)
     drops = page_cache_drops("mp-serve", None, {n: s.connection for n, s in sparks.items()},
                              [digest], turns) if serve.drop_page_cache else []
     head = MpRank(f"vllm-rank-{cluster.head.name}", MpRankArgs(

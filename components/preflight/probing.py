@@ -9,7 +9,7 @@ import time
 
 from ..nodes import node_runner
 from ..config.spec import Deployment, NodeSpec
-from ..resources.fabric_guard import chain_prefix
+from ..resources.fabric_guard import chain_prefix, guard_label
 from ..resources.memory_claim import FRACTION_LABEL, STACK_LABEL
 from ..resources.mp_rank import container_name as rank_name
 from ..nodes.node_facts import NodeFacts, parse
@@ -32,7 +32,8 @@ def probe_spec(deployment: Deployment, node: NodeSpec) -> dict:
             "peers": {n.name: n.fabric_ip for n in cluster.nodes if n.name != node.name},
             "image": deployment.serve.image, "modelPath": deployment.serve.model_path,
             "ports": list(cluster.head_ports) if node.head else [],
-            "guard": {"script": script("fabric_guard.sh"), "prefix": chain_prefix(deployment.stack)}
+            "guard": {"script": script("fabric_guard.sh"), "prefix": chain_prefix(deployment.stack),
+                      "label": guard_label(deployment.stack)}
             if cluster.fabric_guard else None,
             "gpuProbe": cluster.gpu_probe, "dockerGpus": cluster.docker_gpus, "hashWeights": preflight.hash_weights,
             "syncWeights": preflight.sync_weights, "stepTimeout": STEP_TIMEOUT_S, "imageTimeout": IMAGE_TIMEOUT_S,

@@ -3,7 +3,9 @@
 # PORT "ephemeral" is this node's ip_local_port_range, where random listening ports come from; only SYNs are
 # refused, so replies to the node's own outgoing connections (which use those ports) still arrive.
 #   sh -c "$(cat fabric_guard.sh)" fabric-guard apply CHAIN IFACE LABEL PORT...  (idempotent: rebuilds the chain)
-#   sh -c "$(cat fabric_guard.sh)" fabric-guard list PREFIX      the IPv4 chains hooked into INPUT named PREFIX*
+#   sh -c "$(cat fabric_guard.sh)" fabric-guard list PREFIX [LABEL]  the IPv4 chains hooked into INPUT named
+#        PREFIX*; with LABEL, only those named PREFIX and 8 hex digits whose rules carry LABEL: a stack's own, not
+#        those of a stack whose name starts the same (preflight, scripts/status; the keeper asks for its one chain)
 #   sh -c "$(cat fabric_guard.sh)" fabric-guard remove CHAIN
 # Needs root; IPv6 gets the same rules where ip6tables exists. The chain's name carries a hash of its rules.
 set -eu
@@ -12,13 +14,21 @@ shift 2
 if [ "$action" = apply ]; then
   iface=$1 label=$2
   shift 2
+elif [ "$action" = list ]; then
+  label=${1:-}
 fi
 if ! command -v iptables >/dev/null 2>&1; then
   echo "fabric guard: iptables is not installed on $(hostname); install it or set ray.fabricGuard: false" >&2
   exit 3
 fi
 if [ "$action" = list ]; then
-  iptables -w -S INPUT | sed -n "s/^-A INPUT -j \($chain[^ ]*\)\$/\1/p"
+  if [ -z "$label" ]; then
+    iptables -w -S INPUT | sed -n "s/^-A INPUT -j \($chain[^ ]*\)\$/\1/p"
+    exit
+  fi
+  for hooked in $(iptables -w -S INPUT | sed -n "s/^-A INPUT -j \($chain[0-9a-f]\{8\}\)\$/\1/p"); do
+    if iptables -w -S "$hooked" | grep -qF -- "--comment \"$label\""; then echo "$hooked"; fi
+  done
   exit
 fi
 tables=iptables

@@ -363,7 +363,7 @@ def _owner(pid, containers):
 def guard(spec):
     """This stack's fabric guard chains hooked into INPUT (components/remote/fabric_guard.sh list)."""
     g = spec["guard"]
-    argv = ["sh", "-c", g["script"], "fabric-guard", "list", g["prefix"]]
+    argv = ["sh", "-c", g["script"], "fabric-guard", "list", g["prefix"], g["label"]]
     if os.geteuid() != 0:
         argv = ["sudo", "-n", *argv]
     rc, out, err = sh(argv, spec["stepTimeout"])

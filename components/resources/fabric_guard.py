@@ -26,6 +26,12 @@ def chain_prefix(stack: str) -> str:
     return f"svl-{stack[:10]}-"
 
 
+def guard_label(stack: str) -> str:
+    """The comment on the chain's first rule: what tells a stack's chains from those of a stack whose name starts
+    the same (the chain's name holds only the first 10 characters)."""
+    return f"spark-vllm stack {stack}"
+
+
 def chain_name(stack: str, cluster: ClusterSpec) -> str:
     """Per stack and rule set, within iptables' 28 characters: new rules go in under a new name before the old
     chain is removed, so a change of ports never leaves Ray open."""
@@ -87,7 +93,7 @@ class FabricGuard(pulumi.ComponentResource):
             f"{name}-rules",
             connection=args.connection,
             create=guard_command(args.node, "apply", chain, args.cluster.fabric_interface,
-                                 f"spark-vllm stack {args.stack}", *ports),
+                                 guard_label(args.stack), *ports),
             delete=guard_command(args.node, "remove", chain),
             triggers=[uuid.uuid4().hex if missing else "applied"],
             add_previous_output_in_env=False,

@@ -23,10 +23,11 @@ TURN = "spark-vllm-load-turn"
 
 
 def give_back(stack: str) -> str:
-    """The turn removed if this stack holds it: on delete, so that a destroyed stack leaves no turn behind."""
+    """The turn removed if this stack holds it: on delete, so that a destroyed stack leaves no turn behind. A
+    removal already under way elsewhere reaches the same end."""
     owner = shlex.quote('{{index .Config.Labels "spark-vllm.load-turn-stack"}}')
     return (f"if [ \"$(docker inspect -f {owner} {TURN} 2>/dev/null)\" = {shlex.quote(stack)} ]; then "
-            f"docker rm -f {TURN} >/dev/null; fi")
+            f"docker rm -f {TURN} >/dev/null 2>&1 || true; fi")
 
 
 def _take(argv: list[str], seconds: int, image: str) -> str:
@@ -53,6 +54,7 @@ def load_turns(name: str, parent: pulumi.Resource | None, stack: str, cluster: C
             delete=give_back(stack),
             triggers=triggers,
             add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=parent, replace_on_changes=["*"],
+            # The old turn is given back before the new one is taken: given back after, it would end the new one.
+            opts=pulumi.ResourceOptions(parent=parent, replace_on_changes=["*"], delete_before_replace=True,
                                         depends_on=[turns[-1]] if turns else list(after))))
     return turns

@@ -60,6 +60,11 @@ def lab2(engine_env):
     return engine_env
 
 
+# Each node's load turn, taken again before every new serve or rank group (docs/placement.md).
+RAY_TURNS = {f"vllm-serve-load-turn-{node}": "replace" for node in ("node1", "node2")}
+MP_TURNS = {f"mp-serve-load-turn-{node}": "replace" for node in ("node1", "node2")}
+
+
 # The shipped stack file of each lab cluster and executor, and the preset that picks the executor on the others.
 SOURCES = {("lab", "ray"): "lab", ("lab", "mp"): "lab-mp", ("lab3", "ray"): "lab3", ("lab3", "mp"): "lab3"}
 MP_PRESET = "lab-tiny-mp"

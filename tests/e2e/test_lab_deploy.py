@@ -13,12 +13,12 @@ import socket
 
 import pytest
 
-from conftest import node_sh
+from conftest import RAY_TURNS, node_sh
 from labstack import chat, planned, steps
 
 HEAD = "spark-vllm-e2e-ray-head"
 WORKER = "spark-vllm-e2e-ray-worker"
-SERVE_CHAIN = {"vllm-serve-process": "replace", "serve-ready-gate": "replace"}
+SERVE_CHAIN = {"vllm-serve-process": "replace", "serve-ready-gate": "replace", **RAY_TURNS}
 
 
 def containers(node: int) -> list[str]:
@@ -126,7 +126,11 @@ def test_ray_change_replaces_everything_in_order(stack):
         new, old = (replaced.index((op, f"fabric-guard-{node}-rules")) for op in ("create-replacement",
                                                                                    "delete-replaced"))
         assert new < replaced.index(("create-replacement", "ray-head-container")) and new < old, replaced
-    order = [(op, name) for op, name in replaced if not name.startswith("fabric-guard")]
+    # Each node's load turn is taken again (created before its old one goes) before the new serve starts.
+    for node in ("node1", "node2"):
+        assert replaced.index(("create-replacement", f"vllm-serve-load-turn-{node}")) < replaced.index(
+            ("create-replacement", "vllm-serve-process")), replaced
+    order = [(op, name) for op, name in replaced if not name.startswith(("fabric-guard", "vllm-serve-load-turn"))]
     # Fixed names and ports: everything is deleted before anything is created. The worker goes before the head
     # (replace_with), the serve chain top down; then everything is created in dependency order.
     first_create = next(i for i, (op, _) in enumerate(order) if op == "create-replacement")

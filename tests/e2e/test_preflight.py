@@ -12,13 +12,13 @@ import re
 
 import pytest
 
-from conftest import lab_stack, node_sh
+from conftest import RAY_TURNS, lab_stack, node_sh
 from labstack import chat, planned, steps
 
 IMAGE = "spark-vllm-lab/ray-vllm:2.60.0-double1"
 OTHER_TAG = "spark-vllm-lab/ray-vllm:pf-other"
 ROW = re.compile(r"^\s*(node\d+)\s+(\S+)\s+(ok|warn|FAIL)\s+(.*)$")
-SERVE_CHAIN = {"vllm-serve-process": "replace", "serve-ready-gate": "replace"}
+SERVE_CHAIN = {"vllm-serve-process": "replace", "serve-ready-gate": "replace", **RAY_TURNS}
 
 
 def rows(run) -> dict[tuple[str, str], tuple[str, str]]:
@@ -166,7 +166,9 @@ def test_utilization_above_the_gb10_limit_warns_and_does_not_stop(pf):
     pf.pulumi("config", "set", "--path", "--type", "float", "spark-vllm:serve.gpuMemoryUtilization", "0.9",
               check=True)
     preview = pf.pulumi("preview", check=True)
-    assert planned(preview) == SERVE_CHAIN
+    # The memory claims carry the fraction for other stacks' preflight: replaced too, restarting nothing.
+    assert planned(preview) == {**SERVE_CHAIN, "memory-claim-node1-volume": "replace",
+                                "memory-claim-node2-volume": "replace"}
     warned = not_ok(preview)
     assert set(warned) == {("node1", "memory"), ("node2", "memory")}
     for status, text in warned.values():

@@ -20,7 +20,7 @@ from components.config import loader
 from components import preflight
 from components.nodes.node_facts import parse
 from components.preflight.judging import Status, evaluate
-from fixtures import stack_config, write_catalog
+from fixtures import models_with, stack_config, write_catalog
 from harness import ROOT, run_program
 from test_preflight_checks import healthy, load_probe
 
@@ -314,3 +314,17 @@ def test_the_probe_reads_dockers_times_by_the_nodes_clock():
     then = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 125)) + ".123456789Z"
     assert 124 <= probe._ago(then) <= 127
     assert probe._ago("0001-01-01T00:00:00Z") is None
+
+
+def test_a_dead_rank_group_takes_each_nodes_load_turn_again(tmp_path, monkeypatch):
+    """mp: a dead rank's new group is a new load, so each node's turn is taken again (docs/placement.md)."""
+    running = mp_running()
+    running["spark2"] = {"containers": {RANK.format(1): up(running=False, status="exited", exitCode=137)}}
+    facts = node_facts(running)
+    facts["spark1"]["ports"] = {"29501": {"free": True}, "8000": {"free": True}}  # what mp's head opens
+    monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
+    monkeypatch.setattr(liveness.time, "strftime", lambda *_: NEW)
+    recording = run_program(stack_config(write_catalog(tmp_path / "catalog", models=models_with(
+        lambda m: m["big"].update(executor="mp"))), preflight={"enabled": True}, watchdog={"enabled": False}))
+    for node in NODES:
+        assert NEW in recording.by_name(f"mp-serve-load-turn-{node}").inputs["triggers"]

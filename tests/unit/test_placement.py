@@ -196,4 +196,6 @@ def test_the_load_turns_are_taken_in_node_name_order_before_vllm_starts(tmp_path
                              "--health=http://192.168.200.3:8100/health --hold=2400 --wait=2400 --image=sha256:")
     assert three.inputs["delete"] == (
         "if [ \"$(docker inspect -f '{{index .Config.Labels \"spark-vllm.load-turn-stack\"}}' spark-vllm-load-turn "
-        "2>/dev/null)\" = test ]; then docker rm -f spark-vllm-load-turn >/dev/null; fi")
+        "2>/dev/null)\" = test ]; then docker rm -f spark-vllm-load-turn >/dev/null 2>&1 || true; fi")
+    # Replaced, the old turn is given back first: after, it would end the new one (same name, same stack).
+    assert three.delete_before_replace

@@ -1094,20 +1094,37 @@ def test_the_probe_names_the_stacks_running_where_ss_hides_a_ports_owner(monkeyp
 def test_the_probe_reads_the_guards_list(script, facts, monkeypatch):
     probe = load_probe()
     monkeypatch.setattr(probe.os, "geteuid", lambda: 0)
-    spec = {"guard": {"script": script, "prefix": "svl-x-"}, "stepTimeout": 5}
+    spec = {"guard": {"script": script, "prefix": "svl-x-", "label": "spark-vllm stack x"}, "stepTimeout": 5}
     assert probe.gather("guard", probe.guard, spec) == facts
 
 
 def test_the_guard_script_lists_only_the_stacks_hooked_chains(tmp_path, monkeypatch):
-    # A stand-in iptables that prints an INPUT chain holding two stacks' chains and docker's.
-    (tmp_path / "iptables").write_text("#!/bin/sh\nprintf '%s\\n' '-P INPUT ACCEPT' '-A INPUT -j svl-a-11111111' "
-                                       "'-A INPUT -j svl-ab-22222222' '-A INPUT -j DOCKER-USER' "
-                                       "'-A INPUT -i lo -j svl-a-33333333'\n")
+    """Stack `a` beside stacks `a-b` (whose chain's name starts with a's prefix) and `a-long-name-2` (whose name
+    shares a's first 10 characters... here its chain carries a's prefix but another label): only a's own."""
+    rules = {"svl-a-11111111": "spark-vllm stack a", "svl-a-b-22222222": "spark-vllm stack a-b",
+             "svl-a-33333333": "spark-vllm stack a-long-name-2", "svl-a-44444444": "spark-vllm stack a"}
+    # A stand-in iptables: `-S INPUT` hooks every chain above (the last one only from another rule) and docker's;
+    # `-S CHAIN` prints the chain's first rule with its label, as iptables quotes it.
+    chains = "".join(f"  {name}) echo '-A {name} -i lo -m comment --comment \"{label}\" -j RETURN' ;;\n"
+                     for name, label in rules.items())
+    (tmp_path / "iptables").write_text(
+        "#!/bin/sh\n[ \"$1\" = -w ] && shift\ncase \"$2\" in\n"
+        "  INPUT) printf '%s\\n' '-P INPUT ACCEPT' '-A INPUT -j svl-a-11111111' '-A INPUT -j svl-a-b-22222222' "
+        "'-A INPUT -j svl-a-33333333' '-A INPUT -j DOCKER-USER' '-A INPUT -i lo -j svl-a-44444444' ;;\n"
+        + chains + "esac\n")
     (tmp_path / "iptables").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     script = (ROOT / "components/remote/fabric_guard.sh").read_text()
-    done = subprocess.run(["sh", "-c", script, "fabric-guard", "list", "svl-a-"], capture_output=True, text=True)
-    assert done.returncode == 0 and done.stdout.split() == ["svl-a-11111111"]
+
+    def listed(*args):
+        done = subprocess.run(["sh", "-c", script, "fabric-guard", "list", *args], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    assert listed("svl-a-", "spark-vllm stack a") == ["svl-a-11111111"]
+    assert listed("svl-a-", "spark-vllm stack a-long-name-2") == ["svl-a-33333333"]
+    # Without a label (the keeper asks whether its one chain is hooked): every hooked chain named so.
+    assert listed("svl-a-11111111") == ["svl-a-11111111"]
 
 
 def test_the_probe_reads_inside_an_image_once_per_image_id(tmp_path, monkeypatch):
