@@ -44,11 +44,15 @@ def remove_leftovers() -> None:
     needs) is removed once, before the first scenario: no test depends on what another run left there."""
     nodes = subprocess.run(["docker", "ps", "--filter", "name=^svl-lab-node", "--format", "{{.Names}}"],
                            capture_output=True, text=True, check=True).stdout.split()
-    # The stacks' containers, then their memory claims (labelled volumes) that other stacks' preflight adds up.
-    label = "--filter label=spark-vllm.stack --format '{{.%s}} {{.Label \"spark-vllm.stack\"}}'"
+    # The stacks' containers and load turns, then their memory claims (labelled volumes) that other stacks'
+    # preflight adds up.
+    label = "--filter label=spark-vllm.%s --format '{{.%s}} {{.Label \"spark-vllm.%s\"}}'"
     others = f"awk '$2 != \"{TRY_LAB_STACK}\" {{print $1}}'"
-    script = (f"docker ps -a {label % 'ID'} | {others} | xargs -r docker rm -f; "
-              f"docker volume ls {label % 'Name'} | {others} | xargs -r docker volume rm -f")
+    script = "; ".join([f"docker ps -a {label % ('stack', 'ID', 'stack')} | {others} | xargs -r docker rm -f",
+                        f"docker ps -a {label % ('load-turn-stack', 'ID', 'load-turn-stack')} | {others} | "
+                        "xargs -r docker rm -f",
+                        f"docker volume ls {label % ('stack', 'Name', 'stack')} | {others} | "
+                        "xargs -r docker volume rm -f"])
     for node in nodes:
         subprocess.run(["docker", "exec", node, "sh", "-c", script],
                        capture_output=True, text=True, timeout=120)
