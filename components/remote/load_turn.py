@@ -5,8 +5,10 @@ vLLM on the node shares the one memory. So a stack about to start vLLM takes the
 while another stack holds it (docs/placement.md).
 
 The turn is a container that is created and never started, `spark-vllm-load-turn`: Docker's container names are
-unique on a node, so creating it is atomic whoever races for it. Its labels name the holder's stack, when it took
-the turn, until when at most, and the holder's /health URL. A held turn is over, and taken over, when:
+unique on a node, so creating it is atomic whoever races for it. It is made from an empty image imported on the
+node (`spark-vllm/load-turn:empty`), so that it pins no model image and needs no registry. Its labels name the
+holder's stack, when it took the turn, until when at most, and the holder's /health URL. A held turn is over, and
+taken over, when:
   * the holder's API answers /health: vLLM serves HTTP only once its engine has loaded;
   * or no container of the holder's stack runs on this node, a minute after it took the turn (a destroyed or
     failed stack; the minute covers the holder's own containers starting);
@@ -19,13 +21,16 @@ turn taken; exit 1 with the holder named when the wait's bound passes. A stack's
 """
 
 import argparse
+import io
 import json
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 
 NAME = "spark-vllm-load-turn"
+IMAGE = "spark-vllm/load-turn:empty"
 LABEL = "spark-vllm.load-turn"
 GRACE_S = 60
 PROGRESS_S = 15
@@ -72,7 +77,21 @@ def over(held, stack, now):
     return None
 
 
+def empty_image():
+    """The turn's image: imported from an empty tar where it is missing (a second import only tags it again)."""
+    if docker("image", "inspect", IMAGE)[0] == 0:
+        return None
+    empty = io.BytesIO()
+    tarfile.open(fileobj=empty, mode="w").close()
+    done = subprocess.run(["docker", "import", "-", IMAGE], input=empty.getvalue(), capture_output=True, timeout=60)
+    return None if done.returncode == 0 else done.stderr.decode(errors="replace").strip()
+
+
 def take(args):
+    failed = empty_image()
+    if failed:
+        print(f"spark-vllm: {args.node}: could not import the load turn's empty image: {failed}", file=sys.stderr)
+        return 1
     start = time.time()
     deadline = start + args.wait
     shown = 0.0
@@ -80,7 +99,7 @@ def take(args):
         now = time.time()
         turn = {"stack": args.stack, "since": int(now), "until": int(now) + args.hold, "health": args.health}
         code, _, err = docker("create", "--name", NAME, "--label", f"{LABEL}={json.dumps(turn)}",
-                              "--label", f"{LABEL}-stack={args.stack}", args.image, "true")
+                              "--label", f"{LABEL}-stack={args.stack}", IMAGE, "true")
         if code == 0:
             print(f"spark-vllm: {args.node}: took the load turn for stack {args.stack}"
                   + (f" after {now - start:.0f} s" if now - start >= 1 else ""))
@@ -116,7 +135,6 @@ def main():
     parser.add_argument("action", choices=("take",))
     parser.add_argument("--stack", required=True)
     parser.add_argument("--node", required=True)
-    parser.add_argument("--image", default="")
     parser.add_argument("--health", default="")
     parser.add_argument("--hold", type=int, default=0, help="seconds the turn is held at most")
     parser.add_argument("--wait", type=int, default=0, help="seconds to wait for another stack's turn")

@@ -9,7 +9,6 @@ hold one and wait for the other.
 from __future__ import annotations
 
 import shlex
-from functools import partial
 from typing import Mapping, Sequence
 
 import pulumi
@@ -30,10 +29,6 @@ def give_back(stack: str) -> str:
             f"docker rm -f {TURN} >/dev/null 2>&1 || true; fi")
 
 
-def _take(argv: list[str], seconds: int, image: str) -> str:
-    return bounded(shlex.join([*argv, f"--image={image}"]), seconds)
-
-
 def load_turns(name: str, parent: pulumi.Resource | None, stack: str, cluster: ClusterSpec,
                sparks: Mapping[str, SparkNode], triggers: list, seconds: int,
                after: Sequence[pulumi.Resource] = ()) -> list[command.remote.Command]:
@@ -43,9 +38,8 @@ def load_turns(name: str, parent: pulumi.Resource | None, stack: str, cluster: C
     turns: list[command.remote.Command] = []
     for node in sorted(cluster.nodes, key=lambda n: n.name):
         spark = sparks[node.name]
-        argv = ["python3", "-", "take", f"--stack={stack}", f"--node={node.name}", f"--health={health}",
-                f"--hold={seconds}", f"--wait={seconds}"]
-        take = spark.image_id.apply(partial(_take, argv, seconds + 30))
+        take = bounded(shlex.join(["python3", "-", "take", f"--stack={stack}", f"--node={node.name}",
+                                   f"--health={health}", f"--hold={seconds}", f"--wait={seconds}"]), seconds + 30)
         turns.append(command.remote.Command(
             f"{name}-load-turn-{node.name}",
             connection=spark.connection,

@@ -28,8 +28,16 @@ state = json.load(open(state_file))
 args = sys.argv[1:]
 def save():
     json.dump(state, open(state_file, "w"))
-if args[0] == "create":
+if args[:2] == ["image", "inspect"]:
+    sys.exit(0 if args[2] in state["images"] else f"Error: No such image: {args[2]}")
+elif args[0] == "import":
+    state["images"].append(args[2])
+    state["imported"] = len(sys.stdin.buffer.read())
+    save()
+elif args[0] == "create":
     name = args[args.index("--name") + 1]
+    if args[-2] not in state["images"]:
+        sys.exit(f"Unable to find image '{args[-2]}' locally")
     if name in state["containers"]:
         sys.exit(f"Error response from daemon: Conflict. The container name \"/{name}\" is already in use")
     labels = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--label")
@@ -62,7 +70,7 @@ def node(tmp_path):
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
 
         def __init__(self):
-            self.state = {"containers": {}, "running": []}
+            self.state = {"containers": {}, "running": [], "images": []}
             self.save()
 
         def save(self):
@@ -83,7 +91,7 @@ def node(tmp_path):
         def run(self, *args, stack="mine", wait=30):
             argv = [sys.executable, str(SCRIPT), *args, f"--stack={stack}", "--node=spark1"]
             if args[0] == "take":
-                argv += ["--image=sha256:abc", "--health=http://127.0.0.1:1/health", "--hold=600", f"--wait={wait}"]
+                argv += ["--health=http://127.0.0.1:1/health", "--hold=600", f"--wait={wait}"]
             return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=self.env)
 
         def holder(self):
@@ -93,14 +101,22 @@ def node(tmp_path):
     return Node()
 
 
-def test_a_free_turn_is_taken_with_the_stack_its_bound_and_the_image_on_the_node(node):
+def test_a_free_turn_is_taken_with_the_stack_and_its_bound_from_an_empty_image_made_on_the_node(node):
     done = node.run("take")
     assert done.returncode == 0 and done.stdout == "spark-vllm: spark1: took the load turn for stack mine\n"
-    turn = node.load()["containers"][TURN]
+    state = node.load()
+    turn = state["containers"][TURN]
     held = json.loads(turn["labels"]["spark-vllm.load-turn"])
     assert held["stack"] == "mine" and held["until"] - held["since"] == 600
-    assert held["health"] == "http://127.0.0.1:1/health" and turn["image"] == "sha256:abc"
+    assert held["health"] == "http://127.0.0.1:1/health"
     assert turn["labels"]["spark-vllm.load-turn-stack"] == "mine"
+    # No model image pinned, nothing pulled: an empty tar (its two 512-byte end blocks, padded) imported once.
+    assert turn["image"] == "spark-vllm/load-turn:empty" and state["images"] == ["spark-vllm/load-turn:empty"]
+    assert state["imported"] == 10240
+    node.state = state
+    node.state["containers"] = {}
+    node.save()
+    assert node.run("take").returncode == 0 and node.load()["images"] == ["spark-vllm/load-turn:empty"]
 
 
 def test_another_stacks_loading_turn_is_waited_for_and_named_at_the_bound(node):
@@ -161,7 +177,6 @@ def test_a_timed_out_turn_and_this_stacks_own_are_taken_over(node):
     node.held_by("mine", time.time() - 5, time.time() + 600)
     done = node.run("take")
     assert done.returncode == 0 and "over" not in done.stdout  # its own earlier turn, taken again quietly
-    assert node.load()["containers"][TURN]["image"] == "sha256:abc"
 
 
 def test_destroy_gives_back_only_this_stacks_turn(node):
