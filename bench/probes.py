@@ -33,10 +33,11 @@ def lab_nodes() -> list[int]:
 
 
 def containers(nodes: list[int]) -> dict[str, str]:
-    """Container id -> node:name, of every container on the given nodes."""
+    """Container id -> node:name, of every running container on the given nodes (a stack's load turn, created and
+    never started, is a lock, not a container that serves)."""
     out = {}
     for node in nodes:
-        for line in node_sh(node, "docker ps -a --no-trunc --format '{{.ID}} {{.Names}}'").splitlines():
+        for line in node_sh(node, "docker ps --no-trunc --format '{{.ID}} {{.Names}}'").splitlines():
             cid, name = line.split()
             out[cid] = f"node{node}:{name}"
     return out
