@@ -75,8 +75,7 @@ def ray_engine():
         stack=deployment.stack, cluster=cluster, serve=serve, connection=head_spark.connection,
         head_container=head.container_name, cluster_ready_id=cluster_ready.ready_id,
         secrets={key: stack_config.require_secret(key) for key in deployment.secrets},
-        nodes={name: spark.connection for name, spark in sparks.items()}, life=lives.serve.token, after=tuple(claims),
-        sparks=sparks, load_s=deployment.serve_ready_timeout_s))
+        sparks=sparks, load_s=deployment.serve_ready_timeout_s, life=lives.serve.token, after=tuple(claims)))
     serve_ready = Gate("serve-ready", GateArgs(
         connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
         args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],

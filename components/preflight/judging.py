@@ -480,12 +480,13 @@ def _shared(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Optiona
     util = deployment.serve.gpu_memory_utilization
     unified = _unified(facts)
     limit = UNIFIED_UTILIZATION_LIMIT if unified else 1.0
-    total = util + sum(others.values())
+    taken = sum(others.values())
+    total = util + taken
     sums = " + ".join(f"{f:.2f} ({s}, deployed)" for s, f in sorted(others.items()))
     sums += f" + {util:.2f} (this stack) = {total:.2f}"
     if total <= limit + 1e-9:
         return Finding(node.name, "memory", Status.OK, f"shared: {sums}, within {limit:g}")
-    room = limit - sum(others.values())
+    room = limit - taken
     names = sorted(others)
     fix = (f"lower spark-vllm:serve.gpuMemoryUtilization to at most {room:.2f}, or " if room > 0.005 else "") + \
         f"destroy {'stack' if len(names) == 1 else 'stacks'} {', '.join(names)} first, or put this stack on other " \

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 import pulumi
@@ -92,13 +92,11 @@ class VllmServeArgs:
     head_container: str
     cluster_ready_id: pulumi.Input[str]  # a new cluster means a new serve
     secrets: Mapping[str, pulumi.Input[str]]  # keys of SECRET_ENV; values are Pulumi secrets
-    # Every node's connection, for serve.dropPageCache: each node's page cache is dropped before the serve starts.
-    nodes: Mapping[str, command.remote.ConnectionArgs] = field(default_factory=dict)
+    # Every node: its load turn is taken first (load_turn.py), and with serve.dropPageCache its page cache dropped.
+    sparks: Mapping[str, SparkNode]
+    load_s: int  # the longest a load may take (the serve gate's bound): how long a turn is held or waited for
     life: Optional[str] = None  # its life token (components/preflight/liveness.py): a new one restarts it
     after: tuple = ()  # what must exist before it starts: the stack's memory claims
-    # The nodes, whose load turns it takes first (load_turn.py), and the longest a load may take there.
-    sparks: Mapping[str, SparkNode] = field(default_factory=dict)
-    load_s: int = 2400
 
 
 class VllmServe(pulumi.ComponentResource):
@@ -118,7 +116,8 @@ class VllmServe(pulumi.ComponentResource):
         digest = stdin.apply(lambda text: hashlib.sha256(text.encode()).hexdigest()[:16])
         triggers = [args.cluster_ready_id, create, digest]
         turns = load_turns(name, self, args.stack, args.cluster, args.sparks, triggers, args.load_s, args.after)
-        drops = page_cache_drops(name, self, args.nodes, triggers, turns) if args.serve.drop_page_cache else []
+        nodes = {node: spark.connection for node, spark in args.sparks.items()}
+        drops = page_cache_drops(name, self, nodes, triggers, turns) if args.serve.drop_page_cache else []
         process = command.remote.Command(
             f"{name}-process",
             connection=args.connection,
