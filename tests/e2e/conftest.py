@@ -39,15 +39,17 @@ def engine_env():
 TRY_LAB_STACK = "lab"
 
 
-def remove_leftovers() -> None:
+def remove_leftovers(stack: str | None = None) -> None:
     """What a crashed or killed run left on the lab's nodes (its stacks' containers hold the ports every scenario
-    needs) is removed once, before the first scenario: no test depends on what another run left there."""
+    needs) is removed once, before the first scenario, and what one stack's failed destroy left, after its module:
+    no test depends on what another run or test left there."""
     nodes = subprocess.run(["docker", "ps", "--filter", "name=^svl-lab-node", "--format", "{{.Names}}"],
                            capture_output=True, text=True, check=True).stdout.split()
     # The stacks' containers and load turns, then their memory claims (labelled volumes) that other stacks'
     # preflight adds up.
     label = "--filter label=spark-vllm.%s --format '{{.%s}} {{.Label \"spark-vllm.%s\"}}'"
-    others = f"awk '$2 != \"{TRY_LAB_STACK}\" {{print $1}}'"
+    which = f'$2 == "{stack}"' if stack else f'$2 != "{TRY_LAB_STACK}"'
+    others = f"awk '{which} {{print $1}}'"
     script = "; ".join([f"docker ps -a {label % ('stack', 'ID', 'stack')} | {others} | xargs -r docker rm -f",
                         f"docker ps -a {label % ('load-turn-stack', 'ID', 'load-turn-stack')} | {others} | "
                         "xargs -r docker rm -f",
@@ -94,7 +96,12 @@ def lab_stack(tmp_path_factory, env: dict[str, str], name: str, *, executor: str
             s.up()
         yield s
     finally:
-        s.pulumi("destroy", timeout=600)
+        destroyed = False
+        try:
+            destroyed = s.pulumi("destroy", timeout=600).returncode == 0
+        finally:
+            if not destroyed:
+                remove_leftovers(name)
 
 
 @pytest.fixture(scope="module")

@@ -125,6 +125,7 @@ def test_an_image_missing_on_a_node_is_named(stack):
 
 def wait_for_ssh(stack: LabStack, node: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    while node_sh(node, "pgrep -x sshd >/dev/null && docker info >/dev/null && echo up", check=False).strip() != "up":
+    # The node's own ready marker (lab/node/svl-node-init): dockerd answers and sshd listens.
+    while node_sh(node, "test -e /run/svl-lab/ready && docker info >/dev/null && echo up", check=False).strip() != "up":
         assert time.monotonic() < deadline, f"node{node} did not come back"
         time.sleep(1)
