@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from . import placement, validate, watchdog_config, yaml_file
+from . import gateway_config, placement, validate, watchdog_config, yaml_file
 from .schema import ConfigError, Section, did_you_mean
 from .spec import NAMESPACE, ClusterSpec, Deployment
 
@@ -39,6 +39,21 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
                       serve_ready_timeout_s=keys.serve_ready_timeout_s, secrets=keys.secrets,
                       ssh_private_key=_read_key(cluster, clusters.file), preflight=keys.preflight,
                       watchdog=watchdog)
+
+
+def load_gateway(stack: str, config: Mapping[str, Any], secret_keys: set[str],
+                 project_dir: Path) -> gateway_config.GatewaySpec:
+    """Validates a gateway stack's config (gateway_config.py) and the cluster entry it names."""
+    stack_file = f"Pulumi.{stack}.yaml"
+    top = validate.top_section(config, secret_keys, stack_file)
+    top.secret_keys.add(gateway_config.GATEWAY_KEY)
+    keys = gateway_config.keys(top, secret_keys)
+    clusters = _catalog_entry(project_dir / Path(keys.catalog).expanduser(), keys.catalog, "clusters.yaml",
+                              keys.cluster, stack_file, "cluster")
+    cluster = validate.cluster(clusters, keys.cluster)
+    return gateway_config.GatewaySpec(
+        stack=stack, cluster=cluster, node=gateway_config.place(cluster, keys), models=keys.models, port=keys.port,
+        image=keys.image, ready_timeout_s=keys.ready_timeout_s, ssh_private_key=_read_key(cluster, clusters.file))
 
 
 def _catalog_entry(folder: Path, folder_name: str, file: str, name: str, stack_file: str, what: str) -> Section:

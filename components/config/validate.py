@@ -61,10 +61,7 @@ class StackKeys:
 
 def stack_keys(config: Mapping[str, Any], secret_keys: set[str], stack_file: str) -> StackKeys:
     """The stack's `spark-vllm:*` keys (already JSON-decoded); `secret_keys` are those set with --secret."""
-    _refuse_near_namespaces(config, stack_file)
-    top = Section({k[len(NAMESPACE) + 1:]: v for k, v in config.items() if k.startswith(NAMESPACE + ":")},
-                  stack_file, NAMESPACE, sep=":")
-    top.secret_keys = {*SECRET_KEYS, *(k[len(NAMESPACE) + 1:] for k in secret_keys if k.startswith(NAMESPACE + ":"))}
+    top = top_section(config, secret_keys, stack_file)
     # A site keeps its catalogs outside the checkout: an absolute path, or one under ~; relative to the project.
     catalog = top.str("catalog", "catalog")
     cluster, model = top.str("cluster"), top.str("model")
@@ -93,6 +90,15 @@ def stack_keys(config: Mapping[str, Any], secret_keys: set[str], stack_file: str
     top.done()
     return StackKeys(catalog, cluster, model, overrides, cluster_ready_s, serve_ready_s, preflight, secrets,
                      watchdog, watchdog_keys, nodes, port_slot, top)
+
+
+def top_section(config: Mapping[str, Any], secret_keys: set[str], stack_file: str) -> Section:
+    """The stack file's `spark-vllm:*` keys as one section, the secret ones never shown."""
+    _refuse_near_namespaces(config, stack_file)
+    top = Section({k[len(NAMESPACE) + 1:]: v for k, v in config.items() if k.startswith(NAMESPACE + ":")},
+                  stack_file, NAMESPACE, sep=":")
+    top.secret_keys = {*SECRET_KEYS, *(k[len(NAMESPACE) + 1:] for k in secret_keys if k.startswith(NAMESPACE + ":"))}
+    return top
 
 
 def _refuse_near_namespaces(config: Mapping[str, Any], stack_file: str) -> None:

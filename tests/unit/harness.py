@@ -73,8 +73,15 @@ def _digest(value: Any) -> str:
 
 
 class _Mocks(pulumi.runtime.Mocks):
+    def __init__(self, stack_outputs: dict[str, dict[str, Any]] | None = None):
+        self.stack_outputs = stack_outputs or {}  # other stacks' outputs, by full name, for StackReferences
+
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         state = dict(args.inputs)
+        if args.typ == "pulumi:pulumi:StackReference":
+            outputs = self.stack_outputs.get(args.inputs["name"], {})
+            return args.inputs["name"], {"outputs": outputs,
+                                         "secretOutputNames": [k for k in outputs if k == "apiKey"]}
         rid = _digest([args.typ, args.name, args.inputs, args.provider])
         if args.typ == "docker:index/remoteImage:RemoteImage":
             state["imageId"] = "sha256:" + _digest(args.inputs["name"])
@@ -85,9 +92,18 @@ class _Mocks(pulumi.runtime.Mocks):
 
 
 class _RecordingMonitor(pulumi_mocks.MockMonitor):
-    def __init__(self, recording: Recording):
-        super().__init__(_Mocks())
+    def __init__(self, recording: Recording, mocks: _Mocks):
+        super().__init__(mocks)
         self.recording = recording
+
+    def ReadResource(self, request):  # a StackReference reads another stack
+        response = super().ReadResource(request)
+        self.recording.resources[response.urn] = Registration(
+            urn=response.urn, type=request.type, name=request.name, id=request.id,
+            inputs=json_format.MessageToDict(request.properties), provider=request.provider,
+            dependencies=list(request.dependencies), delete_before_replace=False, replace_on_changes=[],
+            parent=request.parent, ignore_changes=[], replace_with=[])
+        return response
 
     def RegisterResource(self, request):
         response = super().RegisterResource(request)
@@ -101,11 +117,15 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         return response
 
 
-def run_program(config: dict[str, Any], secret_keys: tuple[str, ...] = (), stack: str = "test") -> Recording:
-    """Runs the real __main__.py with `config` ({"spark-vllm:key": value}) and returns what it registered."""
+def run_program(config: dict[str, Any], secret_keys: tuple[str, ...] = (), stack: str = "test",
+                stack_outputs: dict[str, dict[str, Any]] | None = None) -> Recording:
+    """Runs the real __main__.py with `config` ({"spark-vllm:key": value}) and returns what it registered;
+    `stack_outputs` are other stacks' outputs by full name (organization/spark-vllm/<stack>)."""
     recording = Recording()
-    pulumi.runtime.set_mocks(_Mocks(), project="spark-vllm", stack=stack, preview=False,
-                             monitor=_RecordingMonitor(recording))
+    mocks = _Mocks(stack_outputs)
+    pulumi.runtime.settings.ROOT.set(None)  # a new root stack, so that no run sees an earlier run's exports
+    pulumi.runtime.set_mocks(mocks, project="spark-vllm", stack=stack, preview=False,
+                             monitor=_RecordingMonitor(recording, mocks), organization="organization")
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()},
                                   list(secret_keys))
     pulumi.runtime.settings.SETTINGS.rpc_manager.clear()

@@ -1,0 +1,155 @@
+"""A model stack: preflight, then each node's Docker provider, the engine (Ray or mp), the gates, the keeper and
+the outputs, wired from the validated deployment."""
+
+import hashlib
+import json
+
+import pulumi
+
+from .. import preflight
+from ..config import spec
+from ..config.spec import Deployment
+from ..nodes import load_floor, weight_manifests
+from ..resources.fabric_guard import FabricGuard, FabricGuardArgs
+from ..resources.gate import Gate, GateArgs
+from ..resources.gate_args import cluster_ready_args, rank_ready_args, serve_ready_args
+from ..resources.load_turn import load_turns
+from ..resources.memory_claim import MemoryClaim, MemoryClaimArgs
+from ..resources.mp_rank import MpRank, MpRankArgs, ranks_digest
+from ..resources.ray_node import RayNode, RayNodeArgs
+from ..resources.spark_node import SparkNode, SparkNodeArgs
+from ..resources.vllm_serve import VllmServe, VllmServeArgs, page_cache_drops
+from ..resources.watchdog import Watchdog, WatchdogArgs
+from ..resources.weights_sync import WeightsSync, WeightsSyncArgs
+
+# The gates were two component types before they were one: the aliases keep existing stacks' gates in place.
+SERVE_READY_ALIAS = pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ServeReady")])
+
+
+def wire(deployment: Deployment) -> None:
+    checked = preflight.run(deployment)  # before any resource: a failed check leaves the stack as it was
+    facts, lives = checked.facts, checked.lives
+    cluster, serve = deployment.cluster, deployment.serve
+    stack_config = pulumi.Config(spec.NAMESPACE)
+    private_key = pulumi.Output.secret(deployment.ssh_private_key) if deployment.ssh_private_key else None
+
+    sparks = {
+        node.name: SparkNode(node.name, SparkNodeArgs(node=node, ssh=cluster.ssh, image=serve.image,
+                                                      jump=cluster.node(node.via) if node.via else None,
+                                                      private_key=private_key,
+                                                      image_found=preflight.image_found(facts, node)))
+        for node in cluster.nodes
+    }
+    guards = {
+        node.name: FabricGuard(f"fabric-guard-{node.name}", FabricGuardArgs(
+            stack=deployment.stack, cluster=cluster, node=node, connection=sparks[node.name].connection,
+            found=preflight.guard_found(deployment, facts, node)))
+        for node in cluster.nodes if cluster.fabric_guard
+    }
+    # Each node's share of memory, left there for other stacks' preflight to add up (docs/placement.md).
+    claims = [MemoryClaim(f"memory-claim-{node.name}", MemoryClaimArgs(
+        stack=deployment.stack, fraction=serve.gpu_memory_utilization, connection=sparks[node.name].connection))
+        for node in cluster.nodes]
+    head_spark = sparks[cluster.head.name]
+    sync = WeightsSync("weights-sync", WeightsSyncArgs(
+        cluster=cluster, serve=serve, preflight=deployment.preflight, facts=facts, connection=head_spark.connection,
+        private_key=private_key)) if deployment.preflight.sync_weights else None
+    def ray_engine():
+        """Ray: a `ray start` container a node, Ray's own gate, then `vllm serve` in the head's container."""
+        head = RayNode("ray-head", RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head,
+                                               spark=head_spark, guard=guards.get(cluster.head.name),
+                                               life=lives.engine(cluster.head.name)))
+        workers = {
+            node.name: RayNode(f"ray-worker-{node.name}",
+                               RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=node,
+                                           spark=sparks[node.name], head=head, guard=guards.get(node.name),
+                                           weights_synced=sync.synced[node.name] if sync else None,
+                                           life=lives.engine(node.name)))
+            for node in cluster.workers
+        }
+        cluster_ready = Gate("cluster-ready", GateArgs(
+            connection=head_spark.connection, container=head.container_name, script="cluster_ready.py",
+            args=cluster_ready_args(cluster), triggers=[head.container_id, *(w.container_id for w in workers.values())],
+            timeout_s=deployment.cluster_ready_timeout_s),
+            opts=pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ClusterReady")]))
+        serve_process = VllmServe("vllm-serve", VllmServeArgs(
+            stack=deployment.stack, cluster=cluster, serve=serve, connection=head_spark.connection,
+            head_container=head.container_name, cluster_ready_id=cluster_ready.ready_id,
+            secrets={key: stack_config.require_secret(key) for key in deployment.secrets},
+            sparks=sparks, load_s=deployment.serve_ready_timeout_s, life=lives.serve.token, after=tuple(claims)))
+        serve_ready = Gate("serve-ready", GateArgs(
+            connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
+            args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],
+            timeout_s=deployment.serve_ready_timeout_s), opts=SERVE_READY_ALIAS)
+        nodes = {cluster.head.name: head, **workers}
+        return nodes, serve_ready, [serve_process.serve_id]
+
+
+    def mp_engine():
+        """mp: a `vllm serve --node-rank k` container a node, every rank restarting together; a gate a node (its rank
+        reaches the master), then the serve gate on the head, run on the node beside rank 0."""
+        secrets = {key: stack_config.require_secret(key) for key in deployment.secrets}
+        keys = sorted(secrets)
+        # Every rank's settings, the images and the secrets: a change of any restarts all ranks together.
+        digest = pulumi.Output.all(*(s.image_id for s in sparks.values()), *(secrets[k] for k in keys)).apply(
+            lambda values: hashlib.sha256(json.dumps([ranks_digest(cluster, serve), values]).encode()).hexdigest()[:16])
+        # One stack loads on a node at a time (docs/placement.md): each node's turn first, then its cache drop.
+        life = [lives.serve.token] if lives.serve.token else []  # a dead group's new ranks load again
+        turns = load_turns("mp-serve", None, deployment.stack, cluster, sparks, [digest, *life],
+                           deployment.serve_ready_timeout_s, claims)
+        drops = page_cache_drops("mp-serve", None, {n: s.connection for n, s in sparks.items()},
+                                 [digest], turns) if serve.drop_page_cache else []
+        head = MpRank(f"vllm-rank-{cluster.head.name}", MpRankArgs(
+            stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head, spark=head_spark, digest=digest,
+            secrets=secrets, depends_on=(guards.get(cluster.head.name), *turns, *drops), life=lives.serve.token))
+        ranks = {cluster.head.name: head, **{
+            node.name: MpRank(f"vllm-rank-{node.name}", MpRankArgs(
+                stack=deployment.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name], digest=digest,
+                head=head, depends_on=(guards.get(node.name), sync.synced[node.name] if sync else None, *turns, *drops),
+                life=lives.serve.token))
+            for node in cluster.workers}}
+        ids = [rank.container_id for rank in ranks.values()]
+        # Without these, a rank that cannot reach the master (the seed's c10d failure: the master on the head's
+        # management address) would show only as a head that never loads, until the serve gate's long bound. The
+        # head's comes first: it names that cause at once, where the workers' would each wait out their bound.
+        def rank_ready(name: str, after: tuple[Gate, ...]) -> Gate:
+            return Gate(f"ranks-ready-{name}", GateArgs(
+                connection=sparks[name].connection, container=None, script="rank_ready.py",
+                args=rank_ready_args(cluster, name, ranks[name].container_name), triggers=ids,
+                timeout_s=deployment.cluster_ready_timeout_s, after=after))
+        ranks_ready: list[Gate] = []
+        if cluster.workers:  # on one node there is no master to reach: the serve gate alone follows the rank
+            head_ready = rank_ready(cluster.head.name, ())
+            ranks_ready = [head_ready, *(rank_ready(node.name, (head_ready,)) for node in cluster.workers)]
+        serve_ready = Gate("serve-ready", GateArgs(
+            connection=head_spark.connection, container=None, script="serve_ready.py",
+            args=serve_ready_args(cluster, serve, rank0=head.container_name),
+            triggers=[head.container_id, *(gate.ready_id for gate in ranks_ready)],
+            timeout_s=deployment.serve_ready_timeout_s), opts=SERVE_READY_ALIAS)
+        return ranks, serve_ready, []
+
+
+    engines, serve_ready, serve_ids = mp_engine() if serve.executor == "mp" else ray_engine()
+    container_ids = {name: engine.container_id for name, engine in engines.items()}
+    if deployment.watchdog.enabled:
+        Watchdog("watchdog", WatchdogArgs(
+            stack=deployment.stack, cluster=cluster, serve=serve, watchdog=deployment.watchdog, sparks=sparks,
+            containers={name: engine.container_name for name, engine in engines.items()}, guards=guards,
+            watched_ids=[*container_ids.values(), *serve_ids], serve_ready=serve_ready,
+            keeper_lives={name: life.token for name, life in lives.keepers.items()}, arm_life=lives.arm.token))
+
+    # The URL is exported only once the model answers, so a stack output always points at a working endpoint.
+    pulumi.export("baseUrl", serve_ready.ready_id.apply(
+        lambda _: f"http://{cluster.endpoint_host}:{cluster.api_port}/v1"))
+    pulumi.export("servedModel", serve.served_name)
+    if "apiKey" in deployment.secrets:  # what a gateway's route to this model sends (docs/gateway.md); a secret
+        pulumi.export("apiKey", stack_config.require_secret("apiKey"))
+    pulumi.export("fabricIps", {node.name: node.fabric_ip for node in cluster.nodes})
+    pulumi.export("nodes", [node.name for node in cluster.nodes])  # the stack's, its head first
+    # The ports its head opens, by config key (its `portSlot` moves them): what another stack on the node must not take.
+    pulumi.export("ports", dict(sorted((key, port) for port, (_, key) in cluster.head_ports.items())))
+    pulumi.export("containerIds", container_ids)
+    # The last load against its floor (the slowest node's weights over its disk's read speed), from the serve gate.
+    weights = weight_manifests.weight_bytes(facts[cluster.head.name].model) if facts else None
+    floor = load_floor.floor(facts)
+    pulumi.export("load", serve_ready.output.apply(lambda out: load_floor.report(out, weights, floor)))
