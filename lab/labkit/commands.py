@@ -7,7 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from . import images, network, nodes, ssh
-from .config import FABRIC_CIDR, INNER_IMAGE, MP_IMAGE, PREFIX, STATE_DIR, nodes as lab_nodes
+from .config import FABRIC_CIDR, GATEWAY_IMAGE, INNER_IMAGE, MP_IMAGE, PREFIX, STATE_DIR, nodes as lab_nodes
 from .run import LabError, Phases, log, out, run, wait_until
 
 TOOLS = ["docker", "debootstrap", "unshare", "chroot", "tar", "ip", "ssh", "ssh-keygen"]
@@ -60,6 +60,8 @@ def up(count: int) -> None:
             inner_id = images.ensure_inner_image()
         with phase("mp image (no Ray)"):
             mp_id = images.ensure_mp_image()
+        with phase("gateway image (LiteLLM)"):
+            gateway_id = images.ensure_gateway_image()
         with phase("networks + host route"):
             network.ensure_networks()
             network.ensure_route()
@@ -78,6 +80,8 @@ def up(count: int) -> None:
             images.load_into_nodes(inner_id, wanted)
         with phase("mp image into nodes"):
             images.load_into_nodes(mp_id, wanted, MP_IMAGE, "mp")
+        with phase("gateway image into node1"):  # the lab's gateway stacks run the router there
+            images.load_into_nodes(gateway_id, wanted[:1], GATEWAY_IMAGE, "gateway")
     phase.summary("lab up")
     print(f"\nssh: ssh -F {ssh.SSH_CONFIG} {PREFIX}-node1   (node2..N via node1 as jump host)")
     status()

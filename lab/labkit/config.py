@@ -30,6 +30,10 @@ INNER_IMAGE = "spark-vllm-lab/ray-vllm:2.60.0-double1"
 # The same double without Ray, as NGC vLLM images from 26.04 on: for the `mp` executor across nodes.
 MP_IMAGE = "spark-vllm-lab/vllm-mp:double1"
 RAY_VERSION = "2.60.0"
+# The gateway's router, at the version components/config/gateway_config.py pins (docs/gateway.md); its proxy answers
+# a request without a key with 401 only when prisma is importable (500 without it).
+GATEWAY_IMAGE = "spark-vllm-lab/litellm:1.108.7"
+GATEWAY_PACKAGES = ["litellm[proxy]==1.108.7", "prisma==0.15.0"]
 VLLM_DOUBLE_DIR = LAB_SRC / "vllm_double"
 
 DEBIAN_SUITE = "bookworm"

@@ -1,5 +1,6 @@
-"""The lab's images: the node image (an emulated Spark), the inner Ray + vLLM-double image, and the inner
-vLLM-double image without Ray (as NGC vLLM images from 26.04 on), for the `mp` executor.
+"""The lab's images: the node image (an emulated Spark), the inner Ray + vLLM-double image, the inner
+vLLM-double image without Ray (as NGC vLLM images from 26.04 on), for the `mp` executor, and the gateway's
+LiteLLM proxy, installed from PyPI (docs/gateway.md).
 
 All start from a cached debootstrap tarball (the inner ones from a second cached tarball that adds the
 Ray venv; the Ray-less one uninstalls Ray from it), and are reused while the hash of their inputs (the
@@ -11,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import model
-from .config import (CACHE_DIR, HOST_CA_BUNDLE, INNER_IMAGE, LAB_SRC, MP_IMAGE, NODE_IMAGE_REPO, RAY_VERSION,
-                     SPEC_LABEL, VLLM_DOUBLE_DIR, Node)
+from .config import (CACHE_DIR, GATEWAY_IMAGE, GATEWAY_PACKAGES, HOST_CA_BUNDLE, INNER_IMAGE, LAB_SRC, MP_IMAGE,
+                     NODE_IMAGE_REPO, RAY_VERSION, SPEC_LABEL, VLLM_DOUBLE_DIR, Node)
 from .rootfs import base_tarball, chroot_sh, docker_import, hash_inputs, pack, unpacked
 from .run import LabError, log, out, run
 
@@ -57,6 +58,21 @@ def ensure_node_image() -> str:
     return tag
 
 
+def _pip_into_venv(root: Path, packages: list[str], logfile: Path) -> None:
+    """A venv at /opt/venv in the chroot, with packages from PyPI."""
+    log(f"pip install {' '.join(packages)} in a chroot (log: {logfile})")
+    chroot_sh(root, """
+        python3 -m venv /opt/venv
+        /opt/venv/bin/pip install --no-input --progress-bar off """ + " ".join(f'"{p}"' for p in packages) + """
+        """,
+        # The CA bundle of the host's TLS-intercepting proxy exists only while pip runs.
+        binds={HOST_CA_BUNDLE: "/run/svl-build/ca.crt"},
+        env={"PIP_CERT": "/run/svl-build/ca.crt", "PIP_NO_CACHE_DIR": "1",
+             "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_DEFAULT_TIMEOUT": "180"},
+        timeout=1800, logfile=logfile)
+    shutil.rmtree(root / "run/svl-build")
+
+
 def _ray_rootfs() -> Path:
     """Debian + a venv with ray[default] from PyPI, cached as a tarball (the slow, rarely changing part)."""
     key = hash_inputs(json.dumps(INNER_PACKAGES), RAY_VERSION, SETUPTOOLS_VERSION, *BUILDERS)
@@ -64,25 +80,47 @@ def _ray_rootfs() -> Path:
     if tarball.exists():
         log(f"ray rootfs cache hit: {tarball.name}")
         return tarball
-    logfile = CACHE_DIR / "ray-rootfs-build.log"
     with unpacked(base_tarball(INNER_PACKAGES), "ray-rootfs") as root:
-        log(f"pip install ray[default]=={RAY_VERSION} in a chroot (log: {logfile})")
-        chroot_sh(root, f"""
-            python3 -m venv /opt/venv
-            /opt/venv/bin/pip install --no-input --progress-bar off "ray[default]=={RAY_VERSION}" \
-                "setuptools=={SETUPTOOLS_VERSION}"
-            """,
-            # The CA bundle of the host's TLS-intercepting proxy exists only while pip runs.
-            binds={HOST_CA_BUNDLE: "/run/svl-build/ca.crt"},
-            env={"PIP_CERT": "/run/svl-build/ca.crt", "PIP_NO_CACHE_DIR": "1",
-                 "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_DEFAULT_TIMEOUT": "180"},
-            timeout=1800, logfile=logfile)
-        shutil.rmtree(root / "run/svl-build")
+        _pip_into_venv(root, [f"ray[default]=={RAY_VERSION}", f"setuptools=={SETUPTOOLS_VERSION}"],
+                       CACHE_DIR / "ray-rootfs-build.log")
         pack(root, tarball)
     for old in CACHE_DIR.glob("ray-rootfs-*.tar"):
         if old != tarball:
             old.unlink()
     return tarball
+
+
+def ensure_gateway_image() -> str:
+    """Build the gateway's LiteLLM image on the host unless its label already carries the current stamp."""
+    stamp = hash_inputs(json.dumps(INNER_PACKAGES), json.dumps(GATEWAY_PACKAGES), *BUILDERS)
+    if _stamped(GATEWAY_IMAGE, stamp):
+        log(f"gateway image up to date: {GATEWAY_IMAGE}")
+        return image_id(GATEWAY_IMAGE)
+    with unpacked(base_tarball(INNER_PACKAGES), "gateway-rootfs") as root:
+        _pip_into_venv(root, GATEWAY_PACKAGES, CACHE_DIR / "gateway-build.log")
+        chroot_sh(root, "/opt/venv/bin/litellm --help >/dev/null", binds={},
+                  env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"}, timeout=300, logfile=CACHE_DIR / "gateway-check.log")
+        return _import_venv_image(root, GATEWAY_IMAGE, stamp)
+
+
+def _stamped(ref: str, stamp: str) -> bool:
+    """Whether the host's image `ref` was built from inputs with this hash (its label says so)."""
+    return run(["docker", "image", "inspect", "-f", f'{{{{index .Config.Labels "{SPEC_LABEL}"}}}}', ref],
+               check=False, timeout=60).stdout.strip() == stamp
+
+
+def _import_venv_image(root: Path, ref: str, stamp: str, *env: str) -> str:
+    """The rootfs as image `ref`, its venv on PATH, stamped; the builds it supersedes pruned."""
+    new_id = docker_import(root, ref, [
+        f"ENV PATH=/opt/venv/bin:{STD_PATH}",
+        "ENV VIRTUAL_ENV=/opt/venv",
+        *(f"ENV {e}" for e in env),
+        'CMD ["/bin/bash"]',
+        f"LABEL {SPEC_LABEL}={stamp}",
+    ])
+    run(["docker", "image", "prune", "-f", "--filter", f"label={SPEC_LABEL}"], check=False)
+    log(f"built {ref} {new_id[:19]}")
+    return new_id
 
 
 # What the inner images run once the double is installed; the Ray-less one proves Ray is gone.
@@ -113,9 +151,7 @@ def _double_image(ref: str, setup: str, what: str, loader_packages: tuple[str, .
         raise LabError(f"{VLLM_DOUBLE_DIR} holds no Python project (pyproject.toml); the {what} image needs it")
     ray_rootfs = _ray_rootfs()
     stamp = hash_inputs(ray_rootfs.name, setup, VLLM_DOUBLE_DIR, *loader_packages, *BUILDERS)
-    current = run(["docker", "image", "inspect", "-f", f'{{{{index .Config.Labels "{SPEC_LABEL}"}}}}',
-                   ref], check=False, timeout=60).stdout.strip()
-    if current == stamp:
+    if _stamped(ref, stamp):
         log(f"{what} image up to date: {ref}")
         return image_id(ref)
     logfile = CACHE_DIR / f"{what}-build.log"
@@ -135,17 +171,8 @@ def _double_image(ref: str, setup: str, what: str, loader_packages: tuple[str, .
             vllm --help >/dev/null
             /opt/venv/bin/python -c 'import vllm; print("vllm", vllm.__version__)'
             """, binds={}, env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=600, logfile=logfile)
-        new_id = docker_import(root, ref, [
-            f"ENV PATH=/opt/venv/bin:{STD_PATH}",
-            "ENV VIRTUAL_ENV=/opt/venv",
-            # Ray's usage stats look up usage-stats.ray.io and cloud metadata hosts: no lab traffic leaves the host.
-            "ENV RAY_USAGE_STATS_ENABLED=0",
-            'CMD ["/bin/bash"]',
-            f"LABEL {SPEC_LABEL}={stamp}",
-        ])
-    run(["docker", "image", "prune", "-f", "--filter", f"label={SPEC_LABEL}"], check=False)
-    log(f"built {ref} {new_id[:19]}")
-    return new_id
+        # Ray's usage stats look up usage-stats.ray.io and cloud metadata hosts: no lab traffic leaves the host.
+        return _import_venv_image(root, ref, stamp, "RAY_USAGE_STATS_ENABLED=0")
 
 
 def load_into_nodes(wanted_id: str, nodes: list[Node], ref: str = INNER_IMAGE, what: str = "inner") -> None:

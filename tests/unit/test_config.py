@@ -210,7 +210,7 @@ def test_valid_config_resolves_defaults_and_overrides(tmp_path):
     assert d.serve_ready_timeout_s >= 30 * 60
 
 
-@pytest.mark.parametrize("stack", ["spark", "gpt-oss", "qwen3-30b", "lab", "lab3"])
+@pytest.mark.parametrize("stack", ["spark", "gpt-oss", "qwen3-30b", "lab", "lab3", "lab-n1", "lab-n2"])
 def test_shipped_stacks_validate(stack, monkeypatch, tmp_path):
     import yaml
 
