@@ -69,18 +69,48 @@ try_lab_env() {
   export PATH="$REPO/tests/docker_double:$REPO/tests/command_double:$PATH"
 }
 
-# Whether the try-lab stack is deployed: it has an endpoint in its state.
-try_lab_deployed() {
-  [ -d "$TRY_LAB_DIR" ] || return 1
-  (try_lab_env && cd "$TRY_LAB_DIR" && pulumi stack output baseUrl --stack lab >/dev/null 2>&1)
+# The try-lab stacks: the one-model stack, and the several-models example (its gateway last, destroyed first).
+TRY_LAB_STACKS=(lab lab-n1 lab-n2 lab-gateway)
+
+# Pulumi.<stack>.yaml copied into the try-lab folder, with what Pulumi and the user wrote into the copy before kept:
+# its encryption salt and its secrets (a secret set there is not lost to the next copy).
+copy_stack_file() {
+  "$REPO/.venv/bin/python" - "$REPO/Pulumi.$1.yaml" "$TRY_LAB_DIR/Pulumi.$1.yaml" <<'PY'
+import os, sys, yaml
+source, copy = sys.argv[1:]
+text = open(source).read().rstrip("\n") + "\n"
+settings = yaml.safe_load(text)["config"]
+old = yaml.safe_load(open(copy)) if os.path.exists(copy) else {}
+for key, value in ((old or {}).get("config") or {}).items():
+    if isinstance(value, dict) and "secure" in value and key not in settings:
+        text += f"  {key}:\n    secure: {value['secure']}\n"
+if (old or {}).get("encryptionsalt"):
+    text += f"encryptionsalt: {old['encryptionsalt']}\n"
+open(copy + ".new", "w").write(text)
+os.replace(copy + ".new", copy)
+PY
 }
 
-# Destroys the try-lab stack, if it exists; the lab stays up.
+# Whether a try-lab stack (lab, or another named) is deployed: it has an endpoint in its state.
+try_lab_deployed() {
+  local stack stacks=("$@")
+  [ $# -gt 0 ] || stacks=("${TRY_LAB_STACKS[@]}")
+  [ -d "$TRY_LAB_DIR" ] || return 1
+  for stack in "${stacks[@]}"; do
+    (try_lab_env && cd "$TRY_LAB_DIR" && pulumi stack output baseUrl --stack "$stack" >/dev/null 2>&1) && return 0
+  done
+  return 1
+}
+
+# Destroys the try-lab stacks that exist, the gateway first; the lab stays up.
 try_lab_destroy() {
-  if (try_lab_env && cd "$TRY_LAB_DIR" && pulumi stack select lab 2>/dev/null); then
-    say "destroying the lab stack"
-    (try_lab_env && cd "$TRY_LAB_DIR" && "$REPO/scripts/pulumi" destroy --yes --non-interactive --stack lab)
-  fi
+  local stack
+  for stack in lab-gateway lab-n2 lab-n1 lab; do
+    if (try_lab_env && cd "$TRY_LAB_DIR" && pulumi stack select "$stack" 2>/dev/null); then
+      say "destroying stack $stack"
+      (try_lab_env && cd "$TRY_LAB_DIR" && "$REPO/scripts/pulumi" destroy --yes --non-interactive --stack "$stack")
+    fi
+  done
 }
 
 # Which tests pytest's arguments select: "all" (no path given), "lab" (a path under tests/e2e or tests/lab), or
