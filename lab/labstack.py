@@ -37,8 +37,9 @@ class Run:
 class LabStack:
     """One stack of a private copy of the project (catalogs may be edited) on a private file backend."""
 
-    def __init__(self, workdir: Path, stack: str, source: str, env: dict[str, str]):
-        """A stack named `stack` whose config starts as a copy of the shipped Pulumi.<source>.yaml."""
+    def __init__(self, workdir: Path, stack: str, source: str, env: dict[str, str], state: Path | None = None):
+        """A stack named `stack` whose config starts as a copy of the shipped Pulumi.<source>.yaml; its backend is
+        `state`, shared by stacks that read each other's outputs (a gateway's), or else a folder of its own."""
         self.dir = workdir / "project"
         self.stack = stack
         shutil.copytree(ROOT, self.dir, ignore=lambda d, names: [n for n in names if Path(d) == ROOT and
@@ -47,11 +48,12 @@ class LabStack:
         settings = (yaml.safe_load((ROOT / f"Pulumi.{source}.yaml").read_text()) or {}).get("config", {})
         (self.dir / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": settings}))
         (self.dir / ".venv").symlink_to(ROOT / ".venv")
-        self.env = {**os.environ, **env, "PULUMI_BACKEND_URL": f"file://{workdir / 'state'}",
+        state = state or workdir / "state"
+        self.env = {**os.environ, **env, "PULUMI_BACKEND_URL": f"file://{state}",
                     "PULUMI_CONFIG_PASSPHRASE": "e2e-passphrase", "PULUMI_SKIP_UPDATE_CHECK": "1",
                     "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
                     "PULUMI_DEBUG_COMMANDS": "true"}  # enables --event-log, as the Automation API does
-        (workdir / "state").mkdir(exist_ok=True)
+        state.mkdir(exist_ok=True)
         self.events_dir = workdir / "events"
         self.events_dir.mkdir(exist_ok=True)
         self.runs = 0
@@ -86,8 +88,9 @@ class LabStack:
         run = self.pulumi("stack", "export", "--show-secrets", check=True)
         return json.loads(run.output[run.output.index("{"):])
 
-    def set_config(self, path: str, value: str) -> None:
-        self.pulumi("config", "set", "--path", f"spark-vllm:{path}", value, check=True)
+    def set_config(self, path: str, value: str, secret: bool = False) -> None:
+        self.pulumi("config", "set", "--path", *(["--secret"] if secret else []), f"spark-vllm:{path}", value,
+                    check=True)
 
     def edit_catalog(self, name: str, change) -> None:
         file = self.dir / "catalog" / name

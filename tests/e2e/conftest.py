@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 import pytest
@@ -78,12 +79,13 @@ MP_PRESET = "lab-tiny-mp"
 
 def lab_stack(tmp_path_factory, env: dict[str, str], name: str, *, executor: str = "ray", cluster: str = "lab",
               config: Mapping[str, str] | None = None, catalog: Mapping[str, Callable] | None = None,
-              up: bool = False) -> Iterator[LabStack]:
+              up: bool = False, source: str | None = None, state: Path | None = None) -> Iterator[LabStack]:
     """Every e2e stack's one shape, for a module fixture to `yield from`: stack `name` of a private copy of the
-    project, from the shipped Pulumi.<cluster>.yaml of its executor, with `config` set on it (key path -> value)
-    and `catalog` edited (file -> change), deployed first when `up`; destroyed after the module, whatever
-    happened (the session's remove_leftovers covers a crash)."""
-    s = LabStack(tmp_path_factory.mktemp(name), name, SOURCES[cluster, executor], env)
+    project, from the shipped Pulumi.<cluster>.yaml of its executor (or Pulumi.<source>.yaml), on a backend of its
+    own (or `state`), with `config` set on it (key path -> value) and `catalog` edited (file -> change), deployed
+    first when `up`; destroyed after the module, whatever happened (the session's remove_leftovers covers a
+    crash)."""
+    s = LabStack(tmp_path_factory.mktemp(name), name, source or SOURCES[cluster, executor], env, state)
     s.executor = executor
     if executor == "mp" and SOURCES[cluster, executor] != "lab-mp":
         s.set_config("model", MP_PRESET)
