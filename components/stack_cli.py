@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from .config import loader, spec
+from .config import gateway_config, loader, spec
 
 
 def pulumi_json(*args: str, stack: str) -> Any:
@@ -25,15 +25,16 @@ def pulumi_json(*args: str, stack: str) -> Any:
 @dataclass(frozen=True)
 class StackConfig:
     name: str
-    deployment: spec.Deployment
+    deployment: spec.Deployment | gateway_config.GatewaySpec
     values: Mapping[str, Any]  # every config value by its full key, secrets shown
 
 
 def read(project: Path, stack: Optional[str]) -> StackConfig:
-    """The named stack's config, validated as `up` validates it; the selected stack when `stack` is None."""
+    """The named stack's config (a model stack's or a gateway's), validated as `up` validates it; the selected
+    stack when `stack` is None."""
     name = stack or subprocess.run(["pulumi", "stack", "--show-name"], capture_output=True, text=True,
                                    check=True).stdout.strip()
     raw = pulumi_json("config", "--show-secrets", stack=name)
     values = {key: value.get("objectValue", value.get("value")) for key, value in raw.items()}
     secret_keys = {key for key, value in raw.items() if value.get("secret")}
-    return StackConfig(name, loader.load(name, values, secret_keys, project), values)
+    return StackConfig(name, loader.load_stack(name, values, secret_keys, project), values)

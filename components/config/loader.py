@@ -17,6 +17,15 @@ from .schema import ConfigError, Section, did_you_mean
 from .spec import NAMESPACE, ClusterSpec, Deployment
 
 
+def load_stack(stack: str, config: Mapping[str, Any], secret_keys: set[str],
+               project_dir: Path) -> Deployment | gateway_config.GatewaySpec:
+    """A model stack's `load()`, or a gateway stack's `load_gateway()`: a stack that sets `spark-vllm:gateway` is
+    a gateway."""
+    if gateway_config.is_gateway(config):
+        return load_gateway(stack, config, secret_keys, project_dir)
+    return load(stack, config, secret_keys, project_dir)
+
+
 def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_dir: Path) -> Deployment:
     """Validates the stack's config (`spark-vllm:*` keys, already JSON-decoded) and the catalogs it names."""
     stack_file = f"Pulumi.{stack}.yaml"

@@ -8,23 +8,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .gateway_config import GatewaySpec, is_gateway
-from .loader import load, load_gateway
+from .gateway_config import GatewaySpec
+from .loader import load_stack
 from .spec import Deployment
 
 
 def from_pulumi(project_dir: Path) -> Deployment | GatewaySpec:
-    """`load()` with this stack's config, as the Pulumi engine handed it to the program; a stack that sets
-    `spark-vllm:gateway` is a gateway (`load_gateway()`)."""
+    """`load_stack()` with this stack's config, as the Pulumi engine handed it to the program."""
     import pulumi
     from pulumi.runtime import config as runtime_config
 
     raw = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
     values = {key: decode(value) for key, value in raw.items()}
     secret_keys = {key for key in raw if runtime_config.is_config_secret(key)}
-    if is_gateway(values):
-        return load_gateway(pulumi.get_stack(), values, secret_keys, project_dir)
-    return load(pulumi.get_stack(), values, secret_keys, project_dir)
+    return load_stack(pulumi.get_stack(), values, secret_keys, project_dir)
 
 
 def decode(value: Any) -> Any:

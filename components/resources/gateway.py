@@ -30,6 +30,10 @@ START = ('printf "%s" "$SVL_GATEWAY_CONFIG" > /tmp/spark-vllm-gateway.yaml && '
          'exec litellm --config /tmp/spark-vllm-gateway.yaml --host 0.0.0.0 --port "$SVL_GATEWAY_PORT"')
 
 
+def container_name(stack: str) -> str:
+    return f"spark-vllm-{stack}-gateway"
+
+
 @dataclass(frozen=True)
 class Route:
     model: str  # the served name, which clients ask for
@@ -112,7 +116,7 @@ class Gateway(pulumi.ComponentResource):
         api_keys = pulumi.Output.all(*(ref.get_output("apiKey") for ref in refs.values()))
         envs = pulumi.Output.all(found, pulumi.Output.secret(args.gateway_key), api_keys).apply(
             lambda v: gateway_env(spec.port, v[0], v[1], dict(zip(refs, v[2]))))
-        self.container_name = f"spark-vllm-{spec.stack}-gateway"
+        self.container_name = container_name(spec.stack)
         container = docker.Container(
             f"{name}-container",
             name=self.container_name,

@@ -3,7 +3,8 @@
 `lab-n1` serves lab-tiny on node1 and `lab-n2` on node2 (with an API key of its own), each on one GPU; the gateway
 stack `lab-gateway` runs the lab's build of the pinned LiteLLM proxy on node1 and reads both stacks' outputs from
 the same backend. Through the real `openai` client: both models are listed and answer chat, completions and streams
-with usage; no key, no answer. A model whose vLLM is killed fails alone, with its name in the error. A destroyed
+with usage, and `scripts/status` and `scripts/logs` see the gateway; no key, no answer. A model whose vLLM is
+killed fails alone, with its name in the error and its row in `scripts/status`. A destroyed
 model stack's route goes, in `preview` first; the other's requests are timed through that change (the gap), and
 the gateway's latency against a direct call is measured. Figures are printed, not asserted.
 """
@@ -11,9 +12,11 @@ the gateway's latency against a direct call is measured. Figures are printed, no
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import statistics
 import threading
+import subprocess
 import time
 import urllib.error
 
@@ -21,7 +24,7 @@ import openai
 import pytest
 
 from conftest import lab_stack, node_sh
-from labstack import LabStack, chat, planned
+from labstack import ROOT, LabStack, chat, planned
 
 GATEWAY_KEY = f"sk-gateway-e2e-{secrets.token_hex(12)}"
 N2_KEY = f"sk-n2-e2e-{secrets.token_hex(12)}"
@@ -55,6 +58,12 @@ def gw(lab2, tmp_path_factory, state, n1, n2):
         yield s
 
 
+def script(s: LabStack, name: str, *args: str) -> subprocess.CompletedProcess:
+    """scripts/status or scripts/logs on the stack, as a user runs them in its project folder."""
+    return subprocess.run([str(ROOT / "scripts" / name), "--stack", s.stack, *args], cwd=s.dir, env=s.env,
+                          capture_output=True, text=True, timeout=180)
+
+
 def client(gw: LabStack, key: str = GATEWAY_KEY) -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.outputs()["baseUrl"], api_key=key, max_retries=0, timeout=30)
 
@@ -80,6 +89,13 @@ def test_one_endpoint_lists_both_models_and_passes_chat_completions_and_streams_
         usage = [ch.usage for ch in chunks if ch.usage]
         assert text and usage and usage[-1].completion_tokens > 0, chunks
     assert gw.outputs()["routes"] == {"lab-n1": "http://10.87.200.11:8000/v1", "lab-n2": "http://10.87.200.12:8000/v1"}
+    status = script(gw, "status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    for row in ("container spark-vllm-lab-gateway-gateway", "/health/liveliness", "/v1/models", "lab-n1 through it",
+                "lab-n2 through it"):
+        assert re.search(rf"{re.escape(row)}\s+ok ", status.stdout), status.stdout
+    logs = script(gw, "logs", "-n", "50")
+    assert logs.returncode == 0 and '"GET /health/liveliness HTTP/1.1" 200' in logs.stdout, logs.stdout + logs.stderr
 
 
 def test_without_the_gateway_key_nothing_answers(gw):
@@ -109,6 +125,12 @@ def test_a_dead_model_fails_alone_and_answers_again_once_up_restarts_it(gw, n2):
     assert "lab-n2" in str(e.value), e.value
     assert ask(c, "lab-n1")
     assert listed(c) == MODELS  # a route is config: the model is listed while its backend is down
+    status = script(gw, "status")
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert re.search(r"lab-n2 through it\s+FAIL\s+500 from http://10.87.200.12:8000/v1: 'Hosted_vllmException",
+                     status.stdout), status.stdout
+    assert re.search(r"lab-n1 through it\s+ok ", status.stdout), status.stdout
+    assert "its own stack's: `scripts/status --stack <it>`" in status.stdout, status.stdout
     n2.up()
     assert ask(c, "lab-n2")
     assert planned(gw.pulumi("preview", check=True)) == {}  # the same route: nothing of the gateway changes

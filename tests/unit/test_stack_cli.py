@@ -23,15 +23,16 @@ esac
 """
 
 
-def fake_pulumi(tmp_path, monkeypatch, config: dict):
+def fake_pulumi(tmp_path, monkeypatch, config: dict, secret: frozenset = frozenset()):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "pulumi").write_text(FAKE_PULUMI)
     (bin_dir / "pulumi").chmod(0o755)
     # As `pulumi config --json` prints them: structured values also as objectValue.
     (tmp_path / "config.json").write_text(json.dumps(
-        {key: {"value": value, "secret": False} if isinstance(value, str) else
-         {"value": json.dumps(value), "objectValue": value, "secret": False} for key, value in config.items()}))
+        {key: {"value": value, "secret": key in secret} if isinstance(value, str) else
+         {"value": json.dumps(value), "objectValue": value, "secret": key in secret}
+         for key, value in config.items()}))
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("OUT", str(tmp_path))
 
@@ -41,6 +42,18 @@ def test_a_named_stack_is_read_without_selecting_it(tmp_path, monkeypatch):
     selected = stack_cli.read(ROOT, "other")
     assert selected.name == "other" and selected.deployment.cluster.name == "c3"
     assert (tmp_path / "calls").read_text().splitlines() == ["config --show-secrets --json --stack other"]
+
+
+def test_a_gateway_stack_is_read_as_a_gateway(tmp_path, monkeypatch):
+    from components.config.gateway_config import GatewaySpec
+
+    config = {"spark-vllm:catalog": str(write_catalog(tmp_path / "catalog")), "spark-vllm:cluster": "c3",
+              "spark-vllm:gateway": {"models": ["qa", "qb"], "node": "spark2"}, "spark-vllm:gatewayKey": "sk-gw"}
+    fake_pulumi(tmp_path, monkeypatch, config, secret=frozenset({"spark-vllm:gatewayKey"}))
+    selected = stack_cli.read(ROOT, "gw")
+    assert isinstance(selected.deployment, GatewaySpec)
+    assert (selected.deployment.node.name, selected.deployment.models) == ("spark2", ("qa", "qb"))
+    assert selected.values["spark-vllm:gatewayKey"] == "sk-gw"
 
 
 def test_without_a_name_the_selected_stack_is_read(tmp_path, monkeypatch):
