@@ -37,8 +37,8 @@ class GatewaySpec:
 
     @property
     def endpoint_host(self) -> str:
-        """Where clients reach the node: the catalog's endpointHost names its head."""
-        return self.cluster.endpoint_host if self.node.name == self.cluster.head.name else self.node.ssh_host
+        """Where clients reach the router's node."""
+        return self.cluster.endpoint_of(self.node)
 
 
 def is_gateway(config: Mapping[str, Any]) -> bool:

@@ -41,9 +41,8 @@ def _on(cluster: ClusterSpec, names: tuple[str, ...], keys: Section) -> ClusterS
             raise keys.error(f"nodes[{i}]", name, "each node once", f"is {name!r}, which nodes[{names.index(name)}] "
                                                                    "names too")
     nodes = tuple(dataclasses.replace(cluster.node(name), head=i == 0) for i, name in enumerate(names))
-    # The API is reached at the head: the catalog's endpointHost names the catalog's head.
-    endpoint = cluster.endpoint_host if nodes[0].name == cluster.head.name else nodes[0].ssh_host
-    return dataclasses.replace(cluster, nodes=nodes, endpoint_host=endpoint,
+    # The API is reached at the stack's head.
+    return dataclasses.replace(cluster, nodes=nodes, endpoint_host=cluster.endpoint_of(nodes[0]),
                                jump_hosts=tuple(n for n in cluster.nodes if n.name not in names))
 
 

@@ -82,6 +82,10 @@ class ClusterSpec:
     def node(self, name: str) -> NodeSpec:
         return next(n for n in (*self.nodes, *self.jump_hosts) if n.name == name)
 
+    def endpoint_of(self, node: NodeSpec) -> str:
+        """Where clients reach an API on `node`: the catalog's endpointHost names the catalog's head."""
+        return self.endpoint_host if node.name == self.head.name else node.ssh_host
+
     @property
     def head_ports(self) -> dict[int, tuple[str, str]]:
         """The fixed ports the head opens, with what holds them and their config key."""
