@@ -2,7 +2,9 @@
 (components/remote/serve_ready.py): shards for the default loader, batches for fastsafetensors, bytes for
 InstantTensor."""
 
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,3 +47,16 @@ def test_a_loader_whose_package_the_image_lacks_fails_the_load_as_vllm_does(tmp_
     assert double.wait_exit(timeout=60) == 1, double.log()
     assert "ModuleNotFoundError: No module named 'instanttensor'" in double.log()
     assert "Loading safetensors using InstantTensor loader" not in double.log()
+
+
+def test_every_read_pattern_reads_each_shard_byte_for_byte(tmp_path):
+    """Sizes that are no multiple of O_DIRECT's block, nor of the reads' chunk: each pattern counts every byte once."""
+    sizes = [0, 1, 4095, 4097, (16 << 20) + 3, (40 << 20) + 4096]
+    for i, n in enumerate(sizes):
+        (tmp_path / f"s{i}").write_bytes(bytes(n))
+    script = ("import sys; from vllm.loader import read_shard; "
+              "print([read_shard(p, f) for f in ('auto', 'fastsafetensors', 'instanttensor') for p in sys.argv[1:]])")
+    done = subprocess.run([sys.executable, "-c", script, *[str(tmp_path / f"s{i}") for i in range(len(sizes))]],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(DOUBLE_SRC)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(sizes * 3)

@@ -89,7 +89,7 @@ def serve(serve_parser, args) -> None:
 
     logger.info("Starting to load model %s...", args.model_tag)
     shards = list_shards(model_dir, args.model_tag)
-    worker_loads = placement.start_loading(shards) if placement else []
+    worker_loads = placement.start_loading(shards, args.load_format) if placement else []
     start = time.perf_counter()
     total_bytes = load_shards(shards, shard_delay_s, args.load_format)
     if placement:

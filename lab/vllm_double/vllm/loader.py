@@ -7,9 +7,11 @@ registry, then (after the workers exist) read every *.safetensors shard in full.
 import glob
 import importlib
 import json
+import mmap
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from vllm.logger import init_logger
 from vllm.registry import ModelRegistry
@@ -17,6 +19,8 @@ from vllm.registry import ModelRegistry
 logger = init_logger(__name__)
 
 _READ_CHUNK = 16 << 20
+_ALIGN = 4096  # O_DIRECT offsets: a multiple of the block size
+_PARALLEL = 8  # the fast loaders' concurrent reads
 _DEFAULT_MAX_MODEL_LEN = 2048  # vLLM's fallback when config.json names no context length
 
 
@@ -106,15 +110,62 @@ def list_shards(model_dir: str, model_tag: str) -> list:
     return shards
 
 
-def read_shard(path: str) -> int:
-    """Reads one shard to the end (the I/O a real load does); returns its size in bytes."""
-    size = 0
+def read_mapped(path: str) -> int:
+    """Reads one shard as the default loader does (safetensors' safe_open memory-maps it): every page faulted in,
+    in order, through the page cache. Returns its size in bytes."""
     with open(path, "rb") as handle:
-        while True:
-            chunk = handle.read(_READ_CHUNK)
-            if not chunk:
-                return size
-            size += len(chunk)
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return 0
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            for offset in range(0, size, _READ_CHUNK):
+                mapped[offset:offset + _READ_CHUNK]  # the copy faults the pages in, as a tensor's would
+    return size
+
+
+def _open_direct(path: str) -> tuple[int, bool]:
+    """The file opened past the page cache (O_DIRECT), as the fast loaders read; buffered where the filesystem
+    refuses it (tmpfs)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT), True
+    except OSError:
+        return os.open(path, os.O_RDONLY), False
+
+
+def read_range(path: str, start: int, end: int) -> int:
+    """Reads bytes [start, end) of a file in large aligned transfers past the page cache; returns the count."""
+    fd, _ = _open_direct(path)
+    buf = mmap.mmap(-1, _READ_CHUNK)  # page-aligned, as O_DIRECT needs
+    try:
+        done, offset = 0, start - start % _ALIGN
+        while offset < end:
+            got = os.preadv(fd, [buf], offset)
+            if got <= 0:
+                break
+            done += max(0, min(offset + got, end) - max(offset, start))
+            offset += got
+        return done
+    finally:
+        buf.close()
+        os.close(fd)
+
+
+def read_shard(path: str, load_format: str) -> int:
+    """One shard read with the load format's pattern (load_shards); returns its size in bytes."""
+    if load_format == "fastsafetensors":
+        return read_parallel(path, _PARALLEL)
+    if load_format == "instanttensor":
+        return read_range(path, 0, os.path.getsize(path))
+    return read_mapped(path)
+
+
+def read_parallel(path: str, workers: int) -> int:
+    """Reads one whole file in `workers` parallel ranges past the page cache, as fastsafetensors does without GDS
+    (one file a rank at a time, read by its threads)."""
+    size = os.path.getsize(path)
+    step = -(-size // workers // _READ_CHUNK) * _READ_CHUNK or _READ_CHUNK
+    with ThreadPoolExecutor(workers) as pool:
+        return sum(pool.map(lambda start: read_range(path, start, min(start + step, size)), range(0, size, step)))
 
 
 def _interval(seconds: float) -> str:
@@ -165,23 +216,36 @@ def progress_line(done: float, total: float, elapsed: float, desc: str = SAFETEN
 
 
 def load_shards(shards: list, delay_s: float, load_format: str = "auto") -> int:
-    """Reads all shards, printing one progress line per shard on stderr as tqdm does, in the bar of the load
-    format (counted in files or in bytes). A format whose package the image lacks fails as vLLM's placeholder
-    module does, with ModuleNotFoundError, once the loader reaches for it."""
+    """Reads all shards with the read pattern of the load format, byte for byte, printing a progress line on stderr
+    as tqdm does in the format's bar (counted in files or in bytes), one a shard read:
+    - the default loader and the others: shard by shard, memory-mapped, through the page cache;
+    - fastsafetensors: shard by shard, each in parallel ranges past the page cache;
+    - InstantTensor: many shards at once, each past the page cache.
+    `delay_s` a shard stands for the copy into GPU memory, which the double has none of. A format whose package the
+    image lacks fails as vLLM's placeholder module does, with ModuleNotFoundError, once the loader reaches for it."""
     if load_format in LOADER_PACKAGES:
         importlib.import_module(LOADER_PACKAGES[load_format])
     desc, counts = BARS.get(load_format, (SAFETENSORS_DESC, "files"))
     sizes = [os.path.getsize(s) for s in shards]
     total = sum(sizes) if counts == "bytes" else len(shards)
-    done, total_bytes = 0, 0
+    progress = {"done": 0, "bytes": 0}
     start = time.perf_counter()
     print(progress_line(0, total, 0.0, desc, counts), file=sys.stderr, flush=True)
-    for shard in shards:
-        read = read_shard(shard)
-        total_bytes += read
-        done += read if counts == "bytes" else 1
+
+    def shard_read(read: int) -> str:
+        progress["bytes"] += read
+        progress["done"] += read if counts == "bytes" else 1
+        return progress_line(progress["done"], total, time.perf_counter() - start, desc, counts)
+
+    def read_one(shard: str) -> int:
+        read = read_shard(shard, load_format)
         time.sleep(delay_s)
-        line = progress_line(done, total, time.perf_counter() - start, desc, counts)
-        print(line, file=sys.stderr, flush=True)
+        return read
+
+    line = progress_line(0, total, 0.0, desc, counts)
+    with ThreadPoolExecutor(_PARALLEL if load_format == "instanttensor" else 1) as pool:
+        for done in as_completed([pool.submit(read_one, shard) for shard in shards]):
+            line = shard_read(done.result())
+            print(line, file=sys.stderr, flush=True)
     print(line, file=sys.stderr, flush=True)  # tqdm prints the final state again on close
-    return total_bytes
+    return progress["bytes"]

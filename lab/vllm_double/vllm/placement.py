@@ -41,8 +41,8 @@ class RayWorkerWrapper:
 
         return get_ip(), ray.get_runtime_context().get_node_id()
 
-    def load_weights(self, shard_paths: list) -> int:
-        return sum(read_shard(path) for path in shard_paths)
+    def load_weights(self, shard_paths: list, load_format: str) -> int:
+        return sum(read_shard(path, load_format) for path in shard_paths)
 
     def ping(self) -> int:
         return self.rank
@@ -206,9 +206,9 @@ class RayPlacement:
         logger.info("Ray workers placed: %s",
                     ", ".join(f"rank {rank} on {ip}" for rank, ip in enumerate(self.worker_ips)))
 
-    def start_loading(self, shard_paths: list) -> list:
-        """Every worker reads the checkpoint on its own node (a node without it fails)."""
-        return [worker.load_weights.remote(shard_paths) for worker in self.workers]
+    def start_loading(self, shard_paths: list, load_format: str) -> list:
+        """Every worker reads the checkpoint on its own node (a node without it fails), as the format reads."""
+        return [worker.load_weights.remote(shard_paths, load_format) for worker in self.workers]
 
     def finish_loading(self, refs: list, timeout_s: float) -> None:
         ray = self.ray
