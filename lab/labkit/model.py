@@ -9,7 +9,7 @@ import struct
 from pathlib import Path
 
 HIDDEN = 1024           # bf16 [1024, 1024] = 2 MiB a tensor
-TENSORS_PER_SHARD = 2   # 4 MiB a shard
+TENSORS_PER_SHARD = 2   # 4 MiB a shard unless asked for more
 
 
 def _config(arch: str, layers: int) -> dict:
@@ -28,21 +28,25 @@ def _config(arch: str, layers: int) -> dict:
     }
 
 
-def _write_shard(path: Path, names: list[str]) -> None:
+def _write_shard(path: Path, names: list[str], rows: int) -> None:
     """safetensors layout: u64 LE header length, JSON header (space-padded to 8 bytes), raw tensor data."""
-    size = HIDDEN * HIDDEN * 2
+    size = rows * HIDDEN * 2
     header = {"__metadata__": {"format": "pt"}}
     for i, name in enumerate(names):
-        header[name] = {"dtype": "BF16", "shape": [HIDDEN, HIDDEN], "data_offsets": [i * size, (i + 1) * size]}
+        header[name] = {"dtype": "BF16", "shape": [rows, HIDDEN], "data_offsets": [i * size, (i + 1) * size]}
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for name in names:
-            f.write(hashlib.shake_256(name.encode()).digest(size))
+            seed = hashlib.shake_256(name.encode()).digest(HIDDEN * HIDDEN * 2)  # 2 MiB, repeated in larger tensors
+            for _ in range(rows // HIDDEN):
+                f.write(seed)
 
 
-def write_model(root: Path, arch: str, shards: int) -> None:
+def write_model(root: Path, arch: str, shards: int, shard_mib: int = 4) -> None:
+    """A checkpoint of `shards` files of `shard_mib` MiB each (a multiple of 4), identical on every build."""
+    rows = shard_mib * HIDDEN // 4  # two bf16 tensors of rows x HIDDEN a shard
     root.mkdir(parents=True, exist_ok=True)
     layers = shards * TENSORS_PER_SHARD
     (root / "config.json").write_text(json.dumps(_config(arch, layers), indent=2) + "\n")
@@ -52,9 +56,9 @@ def write_model(root: Path, arch: str, shards: int) -> None:
         shard = f"model-{k:05d}-of-{shards:05d}.safetensors"
         names = [f"model.layers.{(k - 1) * TENSORS_PER_SHARD + j}.mlp.down_proj.weight"
                  for j in range(TENSORS_PER_SHARD)]
-        _write_shard(root / shard, names)
+        _write_shard(root / shard, names, rows)
         weight_map.update({n: shard for n in names})
-    index = {"metadata": {"total_size": len(weight_map) * HIDDEN * HIDDEN * 2}, "weight_map": weight_map}
+    index = {"metadata": {"total_size": len(weight_map) * rows * HIDDEN * 2}, "weight_map": weight_map}
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 

@@ -1,5 +1,5 @@
-"""Keeps bench/run working: one repetition at N=2 (CI's setting), with Ray and with `executor: mp`. It checks the
-report's shape, never a timing."""
+"""Keeps the benchmarks working: bench/run at one repetition at N=2 (CI's setting), with Ray and with
+`executor: mp`, and bench/loaders at its smallest. They check the reports' shape, never a timing."""
 
 from __future__ import annotations
 
@@ -43,3 +43,19 @@ def test_bench_quick_prints_the_table_and_writes_json(lab2, tmp_path):
     assert {"vllm-rank-node1-container", "vllm-rank-node2-container", "ranks-ready-node2-gate",
             "serve-ready-gate"} <= mp_steps
     assert "Up from empty with `executor: mp` by cluster size" in done.stdout
+
+
+def test_bench_loaders_prints_each_format_against_the_floor(lab2, tmp_path):
+    """bench/loaders at its smallest: 1 GiB, one repetition, the default loader and InstantTensor."""
+    out = tmp_path / "loaders.json"
+    done = subprocess.run([str(ROOT / "bench" / "loaders"), "--gib", "1", "--reps", "1", "--formats",
+                           "auto,instanttensor", "--out", str(out)],
+                          env={**os.environ, **lab2}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| loadFormat | load (s) | floor (s) | load / floor |" in done.stdout
+    rows = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| `")]
+    assert rows == ["`auto`", "`instanttensor`"], done.stdout
+    figures = json.loads(out.read_text())["figures"]
+    assert set(figures) == {"auto", "instanttensor"}
+    for f in figures.values():
+        assert len(f["seconds"]) == len(f["floorSeconds"]) == len(f["ratio"]) == 1 and f["floorSeconds"][0] > 0
