@@ -28,7 +28,7 @@ run_flags="--network host --ipc host --shm-size 256m
   --restart no --entrypoint ray"
 
 env_flags() {  # the node's fabric IP
-  echo "-e VLLM_DOUBLE_SHARD_DELAY_S=0.5 -e VLLM_HOST_IP=$1 -e NCCL_SOCKET_IFNAME=$IFACE -e GLOO_SOCKET_IFNAME=$IFACE
+  echo "-e VLLM_DOUBLE_SHARD_DELAY_S=0.1 -e VLLM_HOST_IP=$1 -e NCCL_SOCKET_IFNAME=$IFACE -e GLOO_SOCKET_IFNAME=$IFACE
     -e UCX_NET_DEVICES=$IFACE -e TP_SOCKET_IFNAME=$IFACE -e OMPI_MCA_btl_tcp_if_include=$IFACE
     -e MASTER_ADDR=$HEAD_IP -e RAY_memory_monitor_refresh_ms=0
     -e AUTOSCALER_METRIC_PORT=44217 -e DASHBOARD_METRIC_PORT=44227"

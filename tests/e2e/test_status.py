@@ -33,9 +33,9 @@ def test_status_reports_every_layer_healthy(stack):
     for layer in ("ssh node1", "ssh node2 via node1", "fabric guard node1", "fabric guard node2", f"container {HEAD}",
                   "ray nodes by fabric IP", "vllm serve process", "/health", "/v1/models", "one chat completion"):
         assert re.search(rf"{re.escape(layer)}\s+ok ", done.stdout), done.stdout
-    # The last load against its floor, as the stack's `load` output has it (the double's 4 shards, 0.5 s each).
+    # The last load against its floor, as the stack's `load` output has it (the double's 4 shards, 0.1 s each).
     load = stack.outputs()["load"]
-    assert set(load) == {"seconds", "gbPerSecond", "floorSeconds", "ratioToFloor"} and load["seconds"] >= 2, load
+    assert set(load) == {"seconds", "gbPerSecond", "floorSeconds", "ratioToFloor"} and load["seconds"] >= 0.4, load
     assert re.search(rf"last load\s+ok\s+{load['seconds']:.1f} s, {load['gbPerSecond']:.2f} GB/s: "
                      rf"{load['ratioToFloor']:g}x its floor of {load['floorSeconds']:g} s", done.stdout), done.stdout
 
