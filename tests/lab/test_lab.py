@@ -257,7 +257,7 @@ def test_ray_cluster_spans_the_fabric():
                 _ray_run(host, "lab-test-ray-worker", f"--address={FABRIC[1]}:6379")
             deadline, nodes = time.monotonic() + 180, None
             while time.monotonic() < deadline and nodes != sorted(FABRIC.values()):
-                time.sleep(3)
+                time.sleep(0.5)
                 nodes = _alive_ray_nodes()
         assert nodes == sorted(FABRIC.values()), f"alive Ray nodes: {nodes}"
         status = ssh("svl-lab-node1", "docker exec lab-test-ray-head ray status").stdout
