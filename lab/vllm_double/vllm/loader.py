@@ -123,18 +123,18 @@ def read_mapped(path: str) -> int:
     return size
 
 
-def _open_direct(path: str) -> tuple[int, bool]:
+def _open_direct(path: str) -> int:
     """The file opened past the page cache (O_DIRECT), as the fast loaders read; buffered where the filesystem
     refuses it (tmpfs)."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECT), True
+        return os.open(path, os.O_RDONLY | os.O_DIRECT)
     except OSError:
-        return os.open(path, os.O_RDONLY), False
+        return os.open(path, os.O_RDONLY)
 
 
 def read_range(path: str, start: int, end: int) -> int:
     """Reads bytes [start, end) of a file in large aligned transfers past the page cache; returns the count."""
-    fd, _ = _open_direct(path)
+    fd = _open_direct(path)
     buf = mmap.mmap(-1, _READ_CHUNK)  # page-aligned, as O_DIRECT needs
     try:
         done, offset = 0, start - start % _ALIGN
@@ -228,24 +228,22 @@ def load_shards(shards: list, delay_s: float, load_format: str = "auto") -> int:
     desc, counts = BARS.get(load_format, (SAFETENSORS_DESC, "files"))
     sizes = [os.path.getsize(s) for s in shards]
     total = sum(sizes) if counts == "bytes" else len(shards)
-    progress = {"done": 0, "bytes": 0}
     start = time.perf_counter()
-    print(progress_line(0, total, 0.0, desc, counts), file=sys.stderr, flush=True)
-
-    def shard_read(read: int) -> str:
-        progress["bytes"] += read
-        progress["done"] += read if counts == "bytes" else 1
-        return progress_line(progress["done"], total, time.perf_counter() - start, desc, counts)
+    line = progress_line(0, total, 0.0, desc, counts)
+    print(line, file=sys.stderr, flush=True)
 
     def read_one(shard: str) -> int:
         read = read_shard(shard, load_format)
         time.sleep(delay_s)
         return read
 
-    line = progress_line(0, total, 0.0, desc, counts)
+    done, read_bytes = 0, 0
     with ThreadPoolExecutor(_PARALLEL if load_format == "instanttensor" else 1) as pool:
-        for done in as_completed([pool.submit(read_one, shard) for shard in shards]):
-            line = shard_read(done.result())
+        for finished in as_completed([pool.submit(read_one, shard) for shard in shards]):
+            read = finished.result()
+            read_bytes += read
+            done += read if counts == "bytes" else 1
+            line = progress_line(done, total, time.perf_counter() - start, desc, counts)
             print(line, file=sys.stderr, flush=True)
     print(line, file=sys.stderr, flush=True)  # tqdm prints the final state again on close
-    return progress["bytes"]
+    return read_bytes
