@@ -1,4 +1,4 @@
-"""The three lab commands: up, down, status."""
+"""The lab commands: up, down, status, and a twin's up."""
 import contextlib
 import fcntl
 import os
@@ -6,11 +6,11 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import images, network, nodes, ssh
+from . import images, network, nodes, ssh, twin
 from .config import FABRIC_CIDR, GATEWAY_IMAGE, INNER_IMAGE, MP_IMAGE, PREFIX, STATE_DIR, nodes as lab_nodes
 from .run import LabError, Phases, log, out, run, wait_until
 
-TOOLS = ["docker", "debootstrap", "unshare", "chroot", "tar", "ip", "ssh", "ssh-keygen"]
+TOOLS = ["docker", "debootstrap", "unshare", "nsenter", "chroot", "tar", "ip", "ssh", "ssh-keygen"]
 LOCK_TIMEOUT_S = 1800
 
 
@@ -20,10 +20,11 @@ def _parallel(fn, items):
 
 
 @contextlib.contextmanager
-def _locked():
-    """One lab command at a time on this machine (tests and a developer may race)."""
+def _locked(name: str = "lock"):
+    """One lab command at a time on this machine (tests and a developer may race): `lock` for the lab's nodes,
+    `images.lock` for the host's images, which the twins copy while the lab's nodes come up."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(STATE_DIR / "lock", "w") as f:
+    with open(STATE_DIR / name, "w") as f:
         def acquired() -> bool:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -31,8 +32,8 @@ def _locked():
             except BlockingIOError:
                 return False
         if not acquired():
-            log("another lab command holds the lock; waiting")
-            wait_until(acquired, timeout=LOCK_TIMEOUT_S, what="the lab lock", interval=2)
+            log(f"another lab command holds {name}; waiting")
+            wait_until(acquired, timeout=LOCK_TIMEOUT_S, what=f"the lab's {name}", interval=0.5)
         yield
 
 
@@ -45,23 +46,30 @@ def _preflight() -> None:
     run(["docker", "info", "-f", "{{.ServerVersion}}"], timeout=30)
 
 
+def _host_images(phase: Phases) -> tuple[str, str, str, str]:
+    """The host's images, each built unless current: the node image's tag, then the inner, mp and gateway ids."""
+    with phase("node image"):
+        node_image = images.ensure_node_image()
+    with phase("inner image"):
+        inner_id = images.ensure_inner_image()
+    with phase("mp image (no Ray)"):
+        mp_id = images.ensure_mp_image()
+    with phase("gateway image (LiteLLM)"):
+        gateway_id = images.ensure_gateway_image()
+    return node_image, inner_id, mp_id, gateway_id
+
+
 def up(count: int) -> None:
     if count < 1:
         raise LabError("--nodes must be at least 1")
     phase = Phases()
     wanted = lab_nodes(count)
-    with _locked():
+    with _locked("images.lock"):
         with phase("preflight"):
             _preflight()
             pubkey = ssh.ensure_key()
-        with phase("node image"):
-            node_image = images.ensure_node_image()
-        with phase("inner image"):
-            inner_id = images.ensure_inner_image()
-        with phase("mp image (no Ray)"):
-            mp_id = images.ensure_mp_image()
-        with phase("gateway image (LiteLLM)"):
-            gateway_id = images.ensure_gateway_image()
+        node_image, inner_id, mp_id, gateway_id = _host_images(phase)
+    with _locked():
         with phase("networks + host route"):
             network.ensure_networks()
             network.ensure_route()
@@ -85,6 +93,21 @@ def up(count: int) -> None:
     phase.summary("lab up")
     print(f"\nssh: ssh -F {ssh.SSH_CONFIG} {PREFIX}-node1   (node2..N via node1 as jump host)")
     status()
+
+
+def twin_up(t: twin.Twin, count: int) -> None:
+    """A twin (labkit/twin.py): the host's images made current and copied into it under the images' lock (not the
+    nodes': the lab's own `up` may run beside it), then the twin's own `up`."""
+    phase = Phases()
+    with _locked("images.lock"):
+        with phase("preflight"):
+            _preflight()
+        node_image = _host_images(phase)[0]
+        with phase(f"{t.name}'s engine and images"):
+            twin.ensure_engine(t, [node_image, INNER_IMAGE, MP_IMAGE, GATEWAY_IMAGE])
+    with phase(f"{t.name}'s nodes"):
+        twin.up(t, count)
+    phase.summary(f"lab twin -n {t.index} up")
 
 
 def _host_objects() -> dict[str, list[str]]:
