@@ -261,8 +261,9 @@ def test_ray_cluster_spans_the_fabric():
                 nodes = _alive_ray_nodes()
         assert nodes == sorted(FABRIC.values()), f"alive Ray nodes: {nodes}"
         # `ray status` is the autoscaler's view, which catches up with the GCS's list of nodes a moment later.
-        status = ""
-        while time.monotonic() < deadline and "0.0/3.0 GPU" not in status:
+        status = ssh("svl-lab-node1", "docker exec lab-test-ray-head ray status", check=False).stdout
+        while "0.0/3.0 GPU" not in status and time.monotonic() < deadline:
+            time.sleep(0.5)
             status = ssh("svl-lab-node1", "docker exec lab-test-ray-head ray status", check=False).stdout
         assert "0.0/3.0 GPU" in status, status
     finally:
