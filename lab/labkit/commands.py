@@ -6,7 +6,7 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import images, network, nodes, ssh, twin
+from . import images, model, network, nodes, ssh, twin
 from .config import FABRIC_CIDR, GATEWAY_IMAGE, INNER_IMAGE, MP_IMAGE, PREFIX, STATE_DIR, nodes as lab_nodes
 from .run import LabError, Phases, log, out, run, wait_until
 
@@ -80,6 +80,10 @@ def up(count: int) -> None:
             for n in wanted:
                 log(f"{n.name}: {nodes.ensure_node(n, node_image, pubkey)}")
             _parallel(nodes.wait_ready, wanted)
+        with phase("models"):
+            for n, differ in zip(wanted, _parallel(lambda n: nodes.restore_models(n, node_image), wanted)):
+                if differ:
+                    log(f"{n.name}: restored {model.MODELS_DIR} from the node image; these differed: {differ}")
         with phase("ssh"):
             ssh.write_known_hosts(dict(zip(wanted, _parallel(nodes.host_key, wanted))))
             ssh.write_config(wanted)

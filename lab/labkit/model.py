@@ -8,6 +8,8 @@ import json
 import struct
 from pathlib import Path
 
+MODELS_DIR = "/models"  # where the node image holds them
+MANIFEST = "/etc/svl-lab/models.sha256"  # their files' hashes, written with them, as `lab up` checks them
 HIDDEN = 1024           # bf16 [1024, 1024] = 2 MiB a tensor
 TENSORS_PER_SHARD = 2   # 4 MiB a shard unless asked for more
 
@@ -66,3 +68,18 @@ def write_models(models_dir: Path) -> None:
     write_model(models_dir / "lab-tiny", "Qwen3ForCausalLM", shards=4)
     # An architecture no vLLM registry holds, for the "unsupported model" path.
     write_model(models_dir / "lab-tiny-bad-arch", "LabTinyUnsupportedForCausalLM", shards=1)
+
+
+def manifest(models_dir: Path, shown_as: str = MODELS_DIR) -> dict[str, str]:
+    """Each file under models_dir, named as the nodes see it (under shown_as), to the SHA-256 of its bytes."""
+    return {f"{shown_as}/{f.relative_to(models_dir)}": hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(models_dir.rglob("*")) if f.is_file()}
+
+
+def parse_manifest(text: str) -> dict[str, str]:
+    """sha256sum's output ("<hash>  <path>" a line) as path -> hash."""
+    return {path: digest for digest, path in (line.split(None, 1) for line in text.splitlines() if line.strip())}
+
+
+def format_manifest(files: dict[str, str]) -> str:
+    return "".join(f"{digest}  {path}\n" for path, digest in files.items())

@@ -1,8 +1,10 @@
 """Node containers: each one an emulated DGX Spark with sshd and its own dockerd."""
 import re
 import resource
+import subprocess
 from pathlib import Path
 
+from . import model
 from .config import (FABRIC_IFNAME, FABRIC_NET, INNER_IMAGE, LABEL, MGMT_GATEWAY, MGMT_IFNAME, MGMT_NET, PREFIX,
                      SPEC_LABEL, Node)
 from .rootfs import hash_inputs
@@ -86,6 +88,30 @@ def wait_ready(node: Node) -> None:
             raise LabError(f"{node.name} stopped while booting:\n{logs}")
         return run(["docker", "exec", node.name, "test", "-e", "/run/svl-lab/ready"], check=False).returncode == 0
     wait_until(ready, timeout=READY_TIMEOUT_S, what=f"{node.name} (dockerd + sshd)")
+
+
+def restore_models(node: Node, image: str) -> str | None:
+    """Puts the image's checkpoints back on a kept node whose /models a test or an interrupted run changed (a
+    config.json moved away, a shard deleted); returns what differed, or None if nothing did."""
+    found = model.parse_manifest(out(["docker", "exec", node.name, "find", model.MODELS_DIR, "-type", "f",
+                                      "-exec", "sha256sum", "{}", "+"], timeout=120))
+    want = model.parse_manifest(out(["docker", "exec", node.name, "cat", model.MANIFEST]))
+    if found == want:
+        return None
+    differ = sorted({*found, *want} - {p for p in found if found[p] == want.get(p)})
+    pristine = f"{node.name}-models"
+    run(["docker", "rm", "-f", pristine], check=False, timeout=60)
+    run(["docker", "create", "--name", pristine, image], timeout=60)
+    try:
+        tar = subprocess.Popen(["docker", "cp", f"{pristine}:{model.MODELS_DIR}", "-"], stdout=subprocess.PIPE)
+        # In place, not removed and copied anew: an inner container may hold a checkpoint's folder mounted.
+        run(["docker", "exec", "-i", node.name, "sh", "-c", 'tar -x -C / && rm -f -- "$@"', "sh",
+             *sorted(found.keys() - want.keys())], stdin=tar.stdout, timeout=300)
+        if tar.wait(timeout=60) != 0:
+            raise LabError(f"docker cp {pristine}:{model.MODELS_DIR} failed ({tar.returncode})")
+    finally:
+        run(["docker", "rm", "-f", pristine], check=False, timeout=60)
+    return ", ".join(differ)
 
 
 def host_key(node: Node) -> str:

@@ -219,6 +219,23 @@ def test_models_are_identical_on_every_node():
     assert bad["architectures"] != config["architectures"]
 
 
+
+def test_up_puts_back_the_checkpoints_a_test_or_an_interrupted_run_changed():
+    listing = "cd /models && sha256sum lab-tiny/* lab-tiny-bad-arch/*"
+    intact = ssh("svl-lab-node2", listing).stdout
+    before = snapshot()["containers"]
+    # What an interrupted crash-loop scenario leaves (test_watchdog moves config.json away), and a stray edit.
+    ssh("svl-lab-node1", "mv /models/lab-tiny/config.json /models/lab-tiny/config.json.away")
+    ssh("svl-lab-node3", "rm /models/lab-tiny/model-00002-of-00004.safetensors && "
+                         "echo x >> /models/lab-tiny-bad-arch/config.json")
+    out = lab("up", "--nodes", "3", timeout=300).stdout
+    assert "svl-lab-node1: restored /models from the node image; these differed: /models/lab-tiny/config.json, " \
+           "/models/lab-tiny/config.json.away" in out, out
+    assert "svl-lab-node3: restored /models" in out and "svl-lab-node2: restored" not in out, out
+    assert {i: ssh(f"svl-lab-node{i}", listing).stdout for i in FABRIC} == {i: intact for i in FABRIC}
+    assert not ssh("svl-lab-node1", "ls /models/lab-tiny/config.json.away", check=False).stdout
+    assert snapshot()["containers"] == before  # put back in place: no node restarted
+
 def test_inner_image_has_the_same_id_on_every_node():
     host = sh(["docker", "image", "inspect", "-f", "{{.Id}}", INNER]).stdout.strip()
     assert host.startswith("sha256:")
