@@ -150,6 +150,12 @@ def wire(deployment: Deployment) -> None:
     pulumi.export("ports", dict(sorted((key, port) for port, (_, key) in cluster.head_ports.items())))
     pulumi.export("containerIds", container_ids)
     # The last load against its floor (the slowest node's weights over its disk's read speed), from the serve gate.
+    # The floor is kept as measured by the preflight of the `up` that ran that gate: every preflight reads the disks
+    # again, a little faster or slower each time, and an `up` that loads nothing must change no output. A new gate
+    # (a new load) replaces the stash with this run's figures; `ignore_changes` keeps the rest from showing as diffs.
     weights = weight_manifests.weight_bytes(facts[cluster.head.name].model) if facts else None
-    floor = load_floor.floor(facts)
-    pulumi.export("load", serve_ready.output.apply(lambda out: load_floor.report(out, weights, floor)))
+    measured = pulumi.Stash("load-floor", input={"weights": weights, "floorSeconds": load_floor.floor(facts)},
+                            opts=pulumi.ResourceOptions(replacement_trigger=serve_ready.ready_id,
+                                                        ignore_changes=["input"]))
+    pulumi.export("load", pulumi.Output.all(serve_ready.output, measured.output).apply(
+        lambda got: load_floor.report(got[0], got[1].get("weights"), got[1].get("floorSeconds"))))  # None: absent

@@ -70,6 +70,9 @@ def lab2(engine_env):
 # Each node's load turn, taken again before every new serve or rank group (docs/placement.md).
 RAY_TURNS = {f"vllm-serve-load-turn-{node}": "replace" for node in ("node1", "node2")}
 MP_TURNS = {f"mp-serve-load-turn-{node}": "replace" for node in ("node1", "node2")}
+# A new serve gate is a new load, whose floor is kept with it (the `load` output, components/stacks/model.py).
+LOAD_FLOOR = {"load-floor": "replace"}
+SERVE_CHAIN = {"vllm-serve-process": "replace", "serve-ready-gate": "replace", **LOAD_FLOOR, **RAY_TURNS}
 
 
 # The shipped stack file of each lab cluster and executor, and the preset that picks the executor on the others.

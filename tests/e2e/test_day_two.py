@@ -13,16 +13,15 @@ import subprocess
 
 import pytest
 
-from conftest import MP_TURNS, RAY_TURNS, lab_stack, node_sh
+from conftest import LOAD_FLOOR, MP_TURNS, SERVE_CHAIN, lab_stack, node_sh
 from labstack import LabStack, chat, planned
 from test_faults import wait_for_ssh
 
-SERVE_CHAIN = {"vllm-serve-process": "replace", "serve-ready-gate": "replace", **RAY_TURNS}
 RAY_ALL = {"ray-head-container": "replace", "ray-worker-node2-container": "replace",
            "cluster-ready-gate": "replace", **SERVE_CHAIN}
 MP_ALL = {"vllm-rank-node1-container": "replace", "vllm-rank-node2-container": "replace",
           "ranks-ready-node1-gate": "replace", "ranks-ready-node2-gate": "replace", "serve-ready-gate": "replace",
-          **MP_TURNS}
+          **LOAD_FLOOR, **MP_TURNS}
 IMAGES = {"ray": "spark-vllm-lab/ray-vllm:2.60.0-double1", "mp": "spark-vllm-lab/vllm-mp:double1"}
 
 

@@ -13,12 +13,11 @@ import socket
 
 import pytest
 
-from conftest import RAY_TURNS, node_sh
+from conftest import SERVE_CHAIN, node_sh
 from labstack import chat, planned, steps
 
 HEAD = "spark-vllm-e2e-ray-head"
 WORKER = "spark-vllm-e2e-ray-worker"
-SERVE_CHAIN = {"vllm-serve-process": "replace", "serve-ready-gate": "replace", **RAY_TURNS}
 
 
 def containers(node: int) -> list[str]:
@@ -142,7 +141,7 @@ def test_ray_change_replaces_everything_in_order(stack):
         < deleted.index("cluster-ready-gate"), order
     creates = [name for op, name in order if op == "create-replacement"]
     assert creates == ["ray-head-container", "ray-worker-node2-container", "cluster-ready-gate",
-                       "vllm-serve-process", "serve-ready-gate"], order
+                       "vllm-serve-process", "serve-ready-gate", "load-floor"], order
     assert "already in use" not in run.output and "address already in use" not in run.output.lower()
     after = stack.outputs()["containerIds"]
     assert after["node1"] != before["node1"] and after["node2"] != before["node2"]

@@ -14,14 +14,14 @@ import time
 import openai
 import pytest
 
-from conftest import MP_TURNS, lab_stack, node_sh
+from conftest import LOAD_FLOOR, MP_TURNS, lab_stack, node_sh
 from labstack import chat, planned, steps
 from test_status import status
 
 RANK0, RANK1 = "spark-vllm-mp-vllm-rank0", "spark-vllm-mp-vllm-rank1"
 RANKS = {"vllm-rank-node1-container", "vllm-rank-node2-container"}
 GATES = {"ranks-ready-node1-gate", "ranks-ready-node2-gate", "serve-ready-gate"}
-ALL_RANKS = {**{name: "replace" for name in RANKS | GATES}, **MP_TURNS}
+ALL_RANKS = {**{name: "replace" for name in RANKS | GATES}, **LOAD_FLOOR, **MP_TURNS}
 IMAGE, NEW_IMAGE = "spark-vllm-lab/vllm-mp:double1", "spark-vllm-lab/vllm-mp:e2e-new"
 MODEL = "/models/mp-tiny"  # the weights-sync scenario's own copy of the lab's model
 
@@ -150,7 +150,7 @@ def test_worker_env_change_restarts_every_rank_together_and_nothing_else(mp):
     mp.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][1].update(env={"NCCL_DEBUG": "INFO"}))
     assert planned(mp.pulumi("preview", check=True)) == ALL_RANKS
     up = mp.up()
-    assert {name for op, name in steps(up) if op not in ("same", "read")} == RANKS | GATES | set(MP_TURNS), steps(up)
+    assert {name for op, name in steps(up) if op not in ("same", "read")} == set(ALL_RANKS), steps(up)
     after = mp.outputs()["containerIds"]
     assert all(after[n] != before[n] for n in before)
     assert "NCCL_DEBUG=INFO" in node_sh(2, f"docker inspect -f '{{{{json .Config.Env}}}}' {RANK1}")

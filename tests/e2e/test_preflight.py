@@ -12,13 +12,12 @@ import re
 
 import pytest
 
-from conftest import RAY_TURNS, lab_stack, node_sh
+from conftest import SERVE_CHAIN, lab_stack, node_sh
 from labstack import chat, planned, steps
 
 IMAGE = "spark-vllm-lab/ray-vllm:2.60.0-double1"
 OTHER_TAG = "spark-vllm-lab/ray-vllm:pf-other"
 ROW = re.compile(r"^\s*(node\d+)\s+(\S+)\s+(ok|warn|FAIL)\s+(.*)$")
-SERVE_CHAIN = {"vllm-serve-process": "replace", "serve-ready-gate": "replace", **RAY_TURNS}
 
 
 def rows(run) -> dict[tuple[str, str], tuple[str, str]]:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import RAY_TURNS, lab_stack, node_sh
+from conftest import SERVE_CHAIN, lab_stack, node_sh
 from labstack import ROOT, LabStack, chat, planned
 
 HEAD = "spark-vllm-sts-ray-head"
@@ -49,7 +49,7 @@ def test_a_dead_vllm_is_found_by_status_and_preview_and_repaired_by_up(stack):
     assert "`pulumi up` recreates it" in done.stdout
     # The engine cannot see it (commands have no Read); preflight can, and says so.
     preview = stack.pulumi("preview", check=True)
-    assert planned(preview) == {"vllm-serve-process": "replace", "serve-ready-gate": "replace", **RAY_TURNS}
+    assert planned(preview) == SERVE_CHAIN
     assert "node1: vllm serve is not running: the serve will be restarted" in preview.output, preview.output
     stack.up()
     assert status(stack).returncode == 0
