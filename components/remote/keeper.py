@@ -151,6 +151,10 @@ class Keeper:
 class Follower(Keeper):
     """A worker node's keeper: its containers follow the leader's generation."""
 
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.told = None  # the last answer it acted on: each report is sampled after acting on the one before
+
     def run(self):
         mine = read_json(self.path(GENERATION), {"gen": 0})
         while True:
@@ -163,7 +167,7 @@ class Follower(Keeper):
     def tick(self, mine):
         if not self.guard():
             return mine
-        report = {"node": self.cfg["node"], "started": mine["gen"],
+        report = {"node": self.cfg["node"], "started": mine["gen"], "told": self.told,
                   "running": {c: self.docker.running(c) for c in self.cfg["containers"]}}
         try:
             req = urllib.request.Request(f"http://{self.cfg['leader']}/report", json.dumps(report).encode(),
@@ -185,6 +189,7 @@ class Follower(Keeper):
                 mine = {"gen": want["gen"]}
                 self.log(f"generation {want['gen']}: started {', '.join(self.cfg['containers'])}")
         write_json(self.path(GENERATION), mine)
+        self.told = {"gen": want["gen"], "run": want["run"]}
         return mine
 
 
@@ -339,8 +344,12 @@ class Leader(Keeper):
         return f"{', '.join(waiting)} did not confirm its container stopped within {STOP_S} s"
 
     def stopped(self, seen_report):
-        seen, report = seen_report
-        return report is not None and seen > self.state["stopAt"] and not any(report["running"].values())
+        """A follower's report confirms the stop only if it was sampled after the follower acted on it: one that
+        arrives after the stop but was sampled before (its containers between two starts) would confirm a stop
+        that the follower, still told to run, then undoes."""
+        report = seen_report[1]
+        return report is not None and report["told"] == {"gen": self.state["gen"], "run": False} \
+            and not any(report["running"].values())
 
     def keep_log(self):
         """mp: rank 0's log (the API server's) copied to serve.log on the volume, the one before to serve.log.1.
@@ -405,7 +414,6 @@ class Leader(Keeper):
         if len(recent) >= self.w["maxRestarts"]:
             # mp: every rank stopped; Ray: the serve (what reloads the weights), the Ray cluster left as it is.
             self.whole = self.cfg["executor"] == "mp"
-            self.save(stopAt=now())
             self.stop_group()
             self.save(gave_up=f"gave up after {len(recent)} restarts: {reason}", phase="gave up")
             self.journal(self.state["gave_up"])
@@ -420,7 +428,7 @@ class Leader(Keeper):
         # With Ray on an intact cluster, the serve alone; otherwise every container of the group.
         self.whole = self.cfg["executor"] == "mp" or self.containers_down()
         self.save(restarts=self.state["restarts"] + [{"at": now(), "reason": reason, "whole": self.whole}],
-                  stopAt=now(), phase=f"relaunching: {reason}")
+                  phase=f"relaunching: {reason}")
         reach = f"generation {self.state['gen'] + 1}, every container" if self.whole else "the serve"
         self.journal(f"relaunch {len(recent) + 1} of {self.w['maxRestarts']} ({reach}): {reason}")
         started = now()

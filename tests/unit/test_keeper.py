@@ -198,3 +198,40 @@ def test_ray_a_dead_worker_restarts_every_container_then_the_serve(group):
     assert group.events[0] == ("stop", "serve") and group.events[-1] == ("start", "serve"), group.events
     assert ("start", "rank0") in group.events and ("start", "rank1") in group.events
     assert group.leader.state["restarts"][0]["whole"] and group.leader.state["gen"] == 2
+
+
+def test_a_report_sampled_before_a_stop_does_not_confirm_it(tmp_path):
+    """The leader stops the group just after the follower sampled its containers (rank1 down between two starts):
+    that report reaches the leader after the stop, but only the next one, sampled once the follower acted on the
+    stop, may confirm it."""
+    port = free_port()
+    (tmp_path / "n1").mkdir()
+    (tmp_path / "n2").mkdir()
+    leader = keeper.Leader({"stack": "t", "executor": "mp", "role": "leader", "node": "n1",
+                            "stateDir": str(tmp_path / "n1"), "containers": ["rank0"], "bind": "127.0.0.1",
+                            "port": port, "followers": ["n2"], "watchdog": {}})
+    follower = keeper.Follower({"stack": "t", "executor": "mp", "role": "follower", "node": "n2",
+                                "stateDir": str(tmp_path / "n2"), "containers": ["rank1"],
+                                "leader": f"127.0.0.1:{port}"})
+    leader.serve_followers()
+    leader.save(armed=True, gen=1, run=True)
+    docker = FakeDocker([], ["rank0", "rank1"])
+    follower.docker = docker
+    mine = follower.tick({"gen": 1})
+    assert leader.stopped(leader.reports["n2"]) is False  # running, told to run
+
+    sampled = docker.running
+
+    def sample_then_stop(name):
+        docker.running = sampled
+        running = sampled(name)
+        leader.save(gen=2, run=False)  # the stop, as Leader.stop_group makes it, right after this sample
+        return running
+
+    docker.up["rank1"] = False
+    docker.running = sample_then_stop
+    mine = follower.tick(mine)
+    assert leader.reports["n2"][1]["running"] == {"rank1": False}
+    assert leader.stopped(leader.reports["n2"]) is False
+    follower.tick(mine)
+    assert leader.stopped(leader.reports["n2"]) is True
