@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -61,10 +62,33 @@ def test_an_interrupted_up_converges_on_the_next_up(stack):
     assert_serving(stack)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, from /proc: the engine starts its plugins in process groups of their own."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
 def test_a_killed_up_is_recovered_by_the_documented_commands(stack):
     stack.set_config("serve.maxModelLen", "2048")
     proc = start_up(stack)
+    below = descendants(proc.pid)  # the CLI, the provider plugins, their ssh sessions
     os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up: the lock and a pending step stay behind
+    for pid in below:  # killed with it, or the plugins outlive the run, orphaned: a killed engine cannot stop them
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     proc.wait(timeout=30)
     refused = stack.up(check=False)
     assert "the stack is currently locked" in refused.output
