@@ -336,18 +336,17 @@ class Leader(Keeper):
         while now() < deadline:
             with self.lock:
                 reports = dict(self.reports)
-            waiting = [n for n in self.cfg["followers"] if not self.stopped(reports[n])]
+            waiting = [n for n in self.cfg["followers"] if not self.stopped(reports[n][1])]
             if not waiting:
                 return None
             self.save(phase=f"stopping: waiting for {', '.join(waiting)}")
             time.sleep(TICK_S)
         return f"{', '.join(waiting)} did not confirm its container stopped within {STOP_S} s"
 
-    def stopped(self, seen_report):
+    def stopped(self, report):
         """A follower's report confirms the stop only if it was sampled after the follower acted on it: one that
         arrives after the stop but was sampled before (its containers between two starts) would confirm a stop
         that the follower, still told to run, then undoes."""
-        report = seen_report[1]
         return report is not None and report["told"] == {"gen": self.state["gen"], "run": False} \
             and not any(report["running"].values())
 

@@ -45,10 +45,10 @@ def ensure_node_image() -> str:
         (root / "etc/docker").mkdir(exist_ok=True)
         shutil.copy(NODE_FILES / "daemon.json", root / "etc/docker/daemon.json")
         (root / "root/.cache/huggingface").mkdir(parents=True)
-        models = root / model.MODELS_DIR.lstrip("/")
+        models, manifest = root / model.MODELS_DIR.lstrip("/"), root / model.MANIFEST.lstrip("/")
         model.write_models(models)
-        (root / model.MANIFEST.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
-        (root / model.MANIFEST.lstrip("/")).write_text(model.format_manifest(model.manifest(models)))
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        manifest.write_text(model.format_manifest(model.manifest(models)))
         docker_import(root, tag, [
             'ENTRYPOINT ["/usr/local/sbin/svl-node-init"]',
             f"ENV PATH={STD_PATH}",

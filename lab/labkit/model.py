@@ -70,9 +70,9 @@ def write_models(models_dir: Path) -> None:
     write_model(models_dir / "lab-tiny-bad-arch", "LabTinyUnsupportedForCausalLM", shards=1)
 
 
-def manifest(models_dir: Path, shown_as: str = MODELS_DIR) -> dict[str, str]:
-    """Each file under models_dir, named as the nodes see it (under shown_as), to the SHA-256 of its bytes."""
-    return {f"{shown_as}/{f.relative_to(models_dir)}": hashlib.sha256(f.read_bytes()).hexdigest()
+def manifest(models_dir: Path) -> dict[str, str]:
+    """Each file under models_dir, named as the nodes see it (under MODELS_DIR), to the SHA-256 of its bytes."""
+    return {f"{MODELS_DIR}/{f.relative_to(models_dir)}": hashlib.sha256(f.read_bytes()).hexdigest()
             for f in sorted(models_dir.rglob("*")) if f.is_file()}
 
 

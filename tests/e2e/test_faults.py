@@ -62,29 +62,25 @@ def test_an_interrupted_up_converges_on_the_next_up(stack):
     assert_serving(stack)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below pid, from /proc: the engine starts its plugins in process groups of their own."""
-    children: dict[int, list[int]] = {}
+def session_pids(sid: int) -> list[int]:
+    """The processes of session sid, from /proc: the engine puts each plugin in a process group of its own, which
+    `killpg` misses, but in the session of the `up` that started it."""
+    pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == sid:
+                pids.append(int(stat.parent.name))
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
+    return pids
 
 
 def test_a_killed_up_is_recovered_by_the_documented_commands(stack):
     stack.set_config("serve.maxModelLen", "2048")
     proc = start_up(stack)
-    below = descendants(proc.pid)  # the CLI, the provider plugins, their ssh sessions
     os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up: the lock and a pending step stay behind
-    for pid in below:  # killed with it, or the plugins outlive the run, orphaned: a killed engine cannot stop them
+    # The plugins and their ssh go with it, or they outlive the run, orphaned: a killed engine cannot stop them.
+    for pid in session_pids(proc.pid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -219,7 +219,6 @@ def test_models_are_identical_on_every_node():
     assert bad["architectures"] != config["architectures"]
 
 
-
 def test_up_puts_back_the_checkpoints_a_test_or_an_interrupted_run_changed():
     listing = "cd /models && sha256sum lab-tiny/* lab-tiny-bad-arch/*"
     intact = ssh("svl-lab-node2", listing).stdout
@@ -235,6 +234,7 @@ def test_up_puts_back_the_checkpoints_a_test_or_an_interrupted_run_changed():
     assert {i: ssh(f"svl-lab-node{i}", listing).stdout for i in FABRIC} == {i: intact for i in FABRIC}
     assert not ssh("svl-lab-node1", "ls /models/lab-tiny/config.json.away", check=False).stdout
     assert snapshot()["containers"] == before  # put back in place: no node restarted
+
 
 def test_inner_image_has_the_same_id_on_every_node():
     host = sh(["docker", "image", "inspect", "-f", "{{.Id}}", INNER]).stdout.strip()

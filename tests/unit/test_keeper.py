@@ -218,7 +218,7 @@ def test_a_report_sampled_before_a_stop_does_not_confirm_it(tmp_path):
     docker = FakeDocker([], ["rank0", "rank1"])
     follower.docker = docker
     mine = follower.tick({"gen": 1})
-    assert leader.stopped(leader.reports["n2"]) is False  # running, told to run
+    assert leader.stopped(leader.reports["n2"][1]) is False  # running, told to run
 
     sampled = docker.running
 
@@ -232,6 +232,6 @@ def test_a_report_sampled_before_a_stop_does_not_confirm_it(tmp_path):
     docker.running = sample_then_stop
     mine = follower.tick(mine)
     assert leader.reports["n2"][1]["running"] == {"rank1": False}
-    assert leader.stopped(leader.reports["n2"]) is False
+    assert leader.stopped(leader.reports["n2"][1]) is False
     follower.tick(mine)
-    assert leader.stopped(leader.reports["n2"]) is True
+    assert leader.stopped(leader.reports["n2"][1]) is True
