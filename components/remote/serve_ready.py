@@ -190,9 +190,11 @@ def main():
     # With mp the weights are on the node (mounted at the same path); with Ray, inside the head container.
     weights = sum(os.path.getsize(s) for s in glob.glob(os.path.join(a.model_path, "*.safetensors")))
     phase, shown, load_start, last_print = "starting", None, None, start
-    print(f"waiting up to {fmt(a.timeout)} for vllm serve ({what}) on {a.node}; log {log_name}", flush=True)
-    while True:
-        now = time.monotonic()
+
+    def relay(now):
+        """Prints the log's new loading progress and milestones; whether it printed any."""
+        nonlocal phase, shown, load_start
+        printed = False
         for line in log.new_lines():
             progress = load_progress(line)
             if progress and progress != shown:
@@ -200,10 +202,17 @@ def main():
                 load_start = load_start or now
                 phase, rate = progress_text(progress, weights, now - load_start)
                 print(f"{phase} ({fmt(now - start)} elapsed{rate})", flush=True)
-                last_print = now
+                printed = True
             elif not progress and any(m in line for m in MILESTONES):
                 print(f"vllm: {line.strip()}", flush=True)
-                last_print = now
+                printed = True
+        return printed
+
+    print(f"waiting up to {fmt(a.timeout)} for vllm serve ({what}) on {a.node}; log {log_name}", flush=True)
+    while True:
+        now = time.monotonic()
+        if relay(now):
+            last_print = now
         if not is_alive():
             print(f"vllm serve on {a.node} exited while {phase}. Last lines of {log_name}:\n{log_tail()}",
                   file=sys.stderr, flush=True)
@@ -218,6 +227,9 @@ def main():
                 status, _ = get(a.url + "/v1/chat/completions", key, {
                     "model": a.model, "max_tokens": 1, "messages": [{"role": "user", "content": "ready?"}]})
                 if status == 200:
+                    # vLLM listens before it loads, so /health can answer while this round's log read missed the
+                    # last lines ("Loading weights took", which the stack's `load` output is read from).
+                    relay(time.monotonic())
                     print(f"ready: {a.model} served at {a.url} after {fmt(now - start)}", flush=True)
                     return 0
                 phase = f"{a.model} is listed, but one completion answered {status}"

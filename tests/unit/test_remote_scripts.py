@@ -208,7 +208,9 @@ def test_serve_ctl_stop_is_not_fooled_by_a_serve_reaped_while_it_looks(tmp_path)
 class FakeVllm:
     """A local HTTP server and log that behave like a loading vLLM, for serve_ready.py to watch."""
 
-    def __init__(self, tmp_path: Path, shards: int, delay: float):
+    def __init__(self, tmp_path: Path, shards: int, delay: float, took_late: bool = False):
+        """took_late: vLLM's "Loading weights took" line is written while the first /health answered is on its way,
+        after that round's log read (vLLM listens before it loads)."""
         self.log = tmp_path / "serve.log"
         self.log.write_text("")
         self.env = tmp_path / "serve.env"
@@ -223,6 +225,7 @@ class FakeVllm:
         self.loaded = threading.Event()
         self.completion_status = 200  # what one chat completion answers once loaded
         self.completions = []
+        self.took_late = took_late
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -239,6 +242,9 @@ class FakeVllm:
                 if not fake.loaded.is_set():
                     self.send_error(503)
                 elif self.path == "/health":
+                    if fake.took_late:
+                        fake.took_late = False
+                        fake.write_took()
                     self.send_response(200)
                     self.end_headers()
                 elif self.headers.get("Authorization") != "Bearer k1":
@@ -263,9 +269,13 @@ class FakeVllm:
             with self.log.open("a") as f:
                 f.write(f"Loading safetensors checkpoint shards: {100 * k // shards:3d}% Completed | "
                         f"{k}/{shards} [00:0{k}<00:00,  1.00it/s]\n")
+        if not self.took_late:
+            self.write_took()
+        self.loaded.set()
+
+    def write_took(self):
         with self.log.open("a") as f:
             f.write("INFO 12-02 10:00:00 [default_loader.py:1] Loading weights took 1.50 seconds\n")
-        self.loaded.set()
 
     def wait(self, timeout: float, model: str = "tiny") -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(SERVE_READY), "--node=node1", f"--url={self.url}",
@@ -297,6 +307,19 @@ def test_serve_ready_shows_shard_progress_then_succeeds(fake):
     assert "ready: tiny served at" in done.stdout
     path, auth, body = fake.completions[-1]
     assert (path, auth, body["model"], body["max_tokens"]) == ("/v1/chat/completions", "Bearer k1", "tiny", 1)
+
+
+def test_serve_ready_relays_the_load_line_written_after_its_last_log_read(tmp_path):
+    """The stack's `load` output is read from this line in the gate's output (stop 32's bench: `load` was {})."""
+    fake = FakeVllm(tmp_path, shards=2, delay=0.1, took_late=True)
+    try:
+        fake.writer.start()
+        done = fake.wait(timeout=30)
+    finally:
+        fake.close()
+    assert done.returncode == 0, done.stderr
+    assert "vllm: INFO 12-02 10:00:00 [default_loader.py:1] Loading weights took 1.50 seconds" in done.stdout
+    assert done.stdout.index("Loading weights took") < done.stdout.index("ready: tiny served at")
 
 
 def test_serve_ready_needs_one_completion_not_only_the_listing(fake):
