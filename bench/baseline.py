@@ -26,17 +26,19 @@ class SeedRun:
     worker_late_s: float  # worker registered in Ray minus serve launched (serve needs ~1 s more to ask Ray)
     ray_join_s: float  # worker container started -> its raylet registered with the head
     load_s: float | None  # the stand-in's "Loading weights took" figure
+    sleep_s: float  # the script's sleep before serve: 5, unless earlier runs never served
 
 
 class SeedFailed(RuntimeError):
     """The seed's serve exited without serving: what its missing readiness wait allows (Ray not up yet)."""
 
 
-def run(max_model_len: int) -> SeedRun:
+def run(max_model_len: int, sleep_s: float = 5) -> SeedRun:
     before = probes.containers([1, 2])
     start = time.monotonic()
     t0 = time.time()
-    done = timing.run([str(SEED)], SEED.parent, {**os.environ, "MAX_MODEL_LEN": str(max_model_len)})
+    done = timing.run([str(SEED)], SEED.parent, {**os.environ, "MAX_MODEL_LEN": str(max_model_len),
+                                                     "SEED_SLEEP": f"{sleep_s:g}"})
     if done.returncode != 0:
         raise RuntimeError(f"seed.sh failed ({done.returncode}):\n{done.output}")
     try:
@@ -51,7 +53,8 @@ def run(max_model_len: int) -> SeedRun:
     joined = probes.ray_node_starts(*HEAD)[WORKER_IP]
     return SeedRun(script_s=done.seconds, ready_s=ready, restarted=probes.restarted(before, probes.containers([1, 2])),
                    early=_started_early(log), worker_late_s=joined - serve_launch,
-                   ray_join_s=joined - probes.started_at(*WORKER), load_s=probes.load_seconds(log))
+                   ray_join_s=joined - probes.started_at(*WORKER), load_s=probes.load_seconds(log),
+                   sleep_s=sleep_s)
 
 
 def _serving() -> bool:

@@ -41,7 +41,7 @@ def markdown(r: dict) -> str:
          f"{f['seed_sleep']['too_short']} of {f['seed_sleep']['runs']} runs; the worker registered "
          + _s(f["seed_sleep"]["worker_late_s"]) + " after serve was launched"
          + (f"; {f['seed_sleep']['never_served']} more runs never served (their serve exited) and were run again"
-            if f["seed_sleep"].get("never_served") else ""), "—", "—"),
+            " with the sleep doubled" if f["seed_sleep"].get("never_served") else ""), "—", "—"),
     ]
     for n, s in sorted(f["scaling"].items(), key=lambda kv: int(kv[0])):
         for key, label in (("preview_s", "preview from empty"), ("up_s", "up from empty → `/v1/models`")):

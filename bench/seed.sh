@@ -8,7 +8,8 @@
 # Image, container flags, env and serve flags are those of spark-vllm's `lab` stack (catalog/clusters.yaml
 # `lab`, catalog/models.yaml `lab-tiny`); bench/run compares both deployments' containers and serve command
 # lines and reports any difference. The weights and the image are already on every lab node, so the seed's
-# copy step has nothing to copy. MAX_MODEL_LEN may come from the environment: the serve-only change.
+# copy step has nothing to copy. MAX_MODEL_LEN may come from the environment: the serve-only change. SEED_SLEEP
+# too: bench/run doubles it when a run never served, as the seed's operator would.
 set -u
 ssh="ssh -F $HOME/.cache/spark-vllm/lab/ssh_config"
 HEAD=svl-lab-node1
@@ -53,7 +54,7 @@ $ssh $WORKER docker run -d --name seed-ray-worker $run_flags $(env_flags $WORKER
   start --address=$HEAD_IP:6379 --node-ip-address=$WORKER_IP --num-gpus=1 $ports $workers \
   --disable-usage-stats --block
 
-sleep 5
+sleep "${SEED_SLEEP:-5}"
 
 echo "start serve"
 $ssh $HEAD docker exec -d seed-ray-head sh -c "'nohup vllm serve $MODEL --served-model-name lab-tiny \

@@ -37,6 +37,7 @@ def test_bench_quick_prints_the_table_and_writes_json(lab2, tmp_path):
     assert "… with `executor: mp` (no Ray) → `/v1/models` answers" in done.stdout
     assert result["parity"] == "identical"
     assert f["seed_sleep"]["runs"] == 2 and 0 <= f["seed_sleep"]["too_short"] <= 2
+    assert set(f["seed_sleep"]["sleeps_s"]) <= {5, 10, 20} and f["seed_sleep"]["sleeps_s"]  # doubled on a retry
     steps = {s["name"] for s in f["breakdown"]["steps"]}
     assert {"ray-head-container", "cluster-ready-gate", "vllm-serve-process", "serve-ready-gate"} <= steps
     mp_steps = {s["name"] for s in f["mp"]["steps"]}
