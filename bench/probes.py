@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 import urllib.request
@@ -107,11 +108,17 @@ def started_at(node: int, container: str) -> float:
     return _unix(stamp)
 
 
+# Each alive node's fabric IP and registration time (ms), from Ray's GCS: the lab runs no dashboard to ask.
+GCS_NODES = ("from ray._raylet import GcsClient\n"
+             "for info in GcsClient(address='{address}').get_all_node_info().values():\n"
+             "    if info.state == 0: print(info.node_manager_address, info.start_time_ms)  # 0: ALIVE")
+
+
 def ray_node_starts(node: int, container: str) -> dict[str, float]:
-    """Fabric IP -> Unix seconds at which that node's raylet registered, from the head's dashboard."""
-    body = node_sh(node, f"docker exec {container} curl -sf 'http://{HEAD_FABRIC_IP}:8265/api/v0/nodes?detail=1'")
-    rows = json.loads(body)["data"]["result"]["result"]
-    return {row["node_ip"]: row["start_time_ms"] / 1000 for row in rows if row.get("state") == "ALIVE"}
+    """Fabric IP -> Unix seconds at which that node's raylet registered with the head's GCS."""
+    script = GCS_NODES.format(address=f"{HEAD_FABRIC_IP}:6379")
+    body = node_sh(node, f"docker exec {container} python3 -c {shlex.quote(script)}")
+    return {ip: int(ms) / 1000 for ip, ms in (line.split() for line in body.splitlines())}
 
 
 def _unix(rfc3339: str) -> float:

@@ -45,7 +45,7 @@ $ssh $WORKER docker rm -f seed-ray-worker
 
 echo "start head"
 $ssh $HEAD docker run -d --name seed-ray-head $run_flags $(env_flags $HEAD_IP) $IMAGE \
-  start --head --port=6379 --dashboard-host=$HEAD_IP --dashboard-port=8265 \
+  start --head --port=6379 --include-dashboard=false \
   --node-ip-address=$HEAD_IP --num-gpus=1 $ports --ray-client-server-port=10001 $workers \
   --disable-usage-stats --block
 

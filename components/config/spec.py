@@ -58,6 +58,7 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     gpu_probe: Optional[str] = None  # a stand-in for `nvidia-smi -L` where a node has no GPU (the lab)
     master_port: int = 29501  # mp: rank 0's rendezvous port (torch.distributed's store), on the head
+    dashboard: bool = True  # Ray's dashboard on the head (about ten Python processes, ~1 GB resident)
     executor: str = "ray"  # the deployment's `serve.executor`: which ports the nodes open depends on it
     watchdog_port: Optional[int] = None  # the head keeper's port (`watchdog.port`), when the watchdog is on
     jump_hosts: tuple[NodeSpec, ...] = ()  # the catalog's nodes outside the stack's `nodes`, reached as jump hosts only
@@ -92,8 +93,8 @@ class ClusterSpec:
         keeper = {self.watchdog_port: ("watchdog", "watchdog.port")} if self.watchdog_port else {}
         if self.executor == "mp":
             return {self.master_port: ("mp master", "mp.masterPort"), self.api_port: ("API", "api.port"), **keeper}
-        return {self.ray_port: ("Ray GCS", "ray.port"), self.dashboard_port: ("dashboard", "ray.dashboardPort"),
-                self.api_port: ("API", "api.port"), **keeper}
+        dashboard = {self.dashboard_port: ("dashboard", "ray.dashboardPort")} if self.dashboard else {}
+        return {self.ray_port: ("Ray GCS", "ray.port"), **dashboard, self.api_port: ("API", "api.port"), **keeper}
 
     @property
     def guarded_ports(self) -> list[str]:
@@ -105,7 +106,8 @@ class ClusterSpec:
         if self.executor == "mp":
             return [str(self.master_port), *keeper, "ephemeral"]
         low, high = self.worker_ports
-        fixed = (self.ray_port, self.dashboard_port, *self.ray_ports.values(), *self.ray_port_env.values())
+        fixed = (self.ray_port, *([self.dashboard_port] if self.dashboard else []), *self.ray_ports.values(),
+                 *self.ray_port_env.values())
         return [str(p) for p in fixed] + keeper + [f"{low}:{high}", "ephemeral"]
 
 

@@ -153,6 +153,7 @@ def cluster(c: Section, name: str) -> ClusterSpec:
     ray_port_env = {var: ray.port(key, default) for var, (key, default) in RAY_PORT_ENV.items()}
     worker_ports = (ray.port("minWorkerPort", 10002), ray.port("maxWorkerPort", 19999))
     fabric_guard = ray.bool("fabricGuard", True)
+    dashboard = ray.bool("dashboard", True)
     ray.done()
     mp = c.section("mp")
     master_port = mp.port("masterPort", 29501)
@@ -180,7 +181,7 @@ def cluster(c: Section, name: str) -> ClusterSpec:
     c.done()
 
     _check_nodes(c, nodes)
-    _check_ports(c, {"ray.port": ray_port, "ray.dashboardPort": dashboard_port,
+    _check_ports(c, {"ray.port": ray_port, **({"ray.dashboardPort": dashboard_port} if dashboard else {}),
                      **{f"ray.{RAY_PORTS[flag][0]}": port for flag, port in ray_ports.items()},
                      **{f"ray.{RAY_PORT_ENV[var][0]}": port for var, port in ray_port_env.items()},
                      "mp.masterPort": master_port, "api.port": api_port}, worker_ports)
@@ -192,7 +193,7 @@ def cluster(c: Section, name: str) -> ClusterSpec:
                        shm_size_mb=shm_size_mb, ulimits=ulimits, env=env, hf_cache=hf_cache, api_bind=api_bind,
                        api_port=api_port,
                        endpoint_host=endpoint_host or head.ssh_host, nodes=tuple(nodes), gpu_probe=gpu_probe,
-                       master_port=master_port)
+                       master_port=master_port, dashboard=dashboard)
 
 
 def _node(n: Section, default_user: str) -> NodeSpec:

@@ -85,8 +85,9 @@ def ray_start(cluster: ClusterSpec, node: NodeSpec) -> list[str]:
                 if node.head or flag not in HEAD_ONLY_RAY_PORTS),
               f"--min-worker-port={low}", f"--max-worker-port={high}", "--disable-usage-stats", "--block"]
     if node.head:
-        return ["start", "--head", f"--port={cluster.ray_port}", f"--dashboard-host={node.fabric_ip}",
-                f"--dashboard-port={cluster.dashboard_port}", *common]
+        dashboard = ([f"--dashboard-host={node.fabric_ip}", f"--dashboard-port={cluster.dashboard_port}"]
+                     if cluster.dashboard else ["--include-dashboard=false"])
+        return ["start", "--head", f"--port={cluster.ray_port}", *dashboard, *common]
     return ["start", f"--address={cluster.head.fabric_ip}:{cluster.ray_port}", *common]
 
 

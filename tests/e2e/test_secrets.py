@@ -60,8 +60,13 @@ def up_showing_no_secret(stack: LabStack, more_places: Callable[[], dict[str, st
 
 @pytest.fixture(scope="module")
 def stack(lab2, tmp_path_factory):
-    for s in lab_stack(tmp_path_factory, lab2, "sec"):
+    # With Ray's dashboard, as users get it by default: its port is one the exposure scenario checks.
+    for s in lab_stack(tmp_path_factory, lab2, "sec", catalog={"clusters.yaml": with_dashboard}):
         yield with_secrets(s)
+
+
+def with_dashboard(clusters: dict) -> None:
+    clusters["lab"]["ray"]["dashboard"] = True
 
 
 def test_secrets_appear_nowhere_while_serving(stack):

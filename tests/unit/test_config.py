@@ -130,6 +130,8 @@ BAD = [
      CLUSTERS, "c3.ray.maxWorkerPort", "is 19999", "a port above ray.minWorkerPort (20000)"),
     ("fabric guard not a bool", dict(clusters=cluster_with(lambda c: c["ray"].update(fabricGuard="enabled"))),
      CLUSTERS, "c3.ray.fabricGuard", "is 'enabled'", "true or false"),
+    ("dashboard not a bool", dict(clusters=cluster_with(lambda c: c["ray"].update(dashboard="sometimes"))),
+     CLUSTERS, "c3.ray.dashboard", "is 'sometimes'", "true or false"),
     ("unknown executor", dict(models=models_with(lambda m: m["big"].update(executor="torchrun"))),
      MODELS_FILE, "big.executor", "'torchrun'", "one of 'ray', 'mp'"),
     ("executor override of wrong case", dict(stack=stack_with(serve={"executor": "MP"})), STACK,

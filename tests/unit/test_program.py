@@ -119,6 +119,16 @@ def test_without_the_guard_ray_ports_are_still_pinned(tmp_path):
     assert "--runtime-env-agent-port=6380" in rec.by_name("ray-worker-spark2-container").inputs["command"]
 
 
+def test_without_the_dashboard_the_head_starts_none_and_nothing_guards_or_checks_its_port(tmp_path):
+    catalog = write_catalog(tmp_path / "catalog", clusters=cluster_with(lambda c: c["ray"].update(dashboard=False)))
+    d = loader.load("test", stack_config(catalog), set(), ROOT)
+    assert 8265 not in d.cluster.head_ports and "8265" not in d.cluster.guarded_ports
+    head = run_program(stack_config(catalog)).by_name("ray-head-container").inputs["command"]
+    assert "--include-dashboard=false" in head and not any(arg.startswith("--dashboard-") and "agent" not in arg
+                                                           for arg in head)
+    assert "--dashboard-agent-grpc-port=6381" in head  # the agent still runs on every node
+
+
 def test_containers_are_pinned_to_the_fabric(rec):
     for name, ip in (("ray-head-container", "192.168.200.1"), ("ray-worker-spark2-container", "192.168.200.2"),
                      ("ray-worker-spark3-container", "192.168.200.3")):
