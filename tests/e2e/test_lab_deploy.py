@@ -117,7 +117,7 @@ def test_worker_env_change_replaces_that_worker_and_the_serve_chain(stack):
 
 def test_ray_change_replaces_everything_in_order(stack):
     before = stack.outputs()["containerIds"]
-    stack.edit_catalog("clusters.yaml", lambda c: c["lab"].setdefault("ray", {}).update(dashboardPort=8266))
+    stack.edit_catalog("clusters.yaml", lambda c: c["lab"].setdefault("ray", {}).update(metricsExportPort=6383))
     run = stack.up()
     replaced = [(op, name) for op, name in steps(run) if op in ("delete-replaced", "create-replacement")]
     # Other ports mean new guard rules: they go in under a new chain before Ray restarts, the old chain after.

@@ -86,7 +86,7 @@ def test_two_stacks_share_node1_each_in_its_slot_and_both_serve(pl_ray, pl_mp):
     assert second[0] >= first[1], (ray_load, mp_load)
     ray_out, mp_out = pl_ray.outputs(), pl_mp.outputs()
     assert (ray_out["nodes"], mp_out["nodes"]) == (["node1"], ["node1"])
-    assert ray_out["ports"] == {"api.port": 8000, "ray.dashboardPort": 8265, "ray.port": 6379}
+    assert ray_out["ports"] == {"api.port": 8000, "ray.port": 6379}  # the lab's cluster runs no dashboard
     assert mp_out["ports"] == {"api.port": 8100, "mp.masterPort": 29601}
     assert mp_out["baseUrl"] == "http://172.29.87.11:8100/v1"
     for out in (ray_out, mp_out):
