@@ -158,8 +158,8 @@ class RayNode:
         if head is None:
             self.address = f"{node_ip}:{free_port()}"
             self.temp_dir = tempfile.mkdtemp(prefix="vdray-", dir="/tmp")  # short: socket paths
-            cmd += ["--head", "--port", self.address.rsplit(":", 1)[1],
-                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(free_port()),
+            # No dashboard: nothing here reads it, and its ten processes cost each head seconds of CPU.
+            cmd += ["--head", "--port", self.address.rsplit(":", 1)[1], "--include-dashboard=false",
                     "--ray-client-server-port", str(free_port()), "--temp-dir", self.temp_dir]
         else:
             self.address = head.address
