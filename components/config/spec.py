@@ -93,8 +93,13 @@ class ClusterSpec:
         keeper = {self.watchdog_port: ("watchdog", "watchdog.port")} if self.watchdog_port else {}
         if self.executor == "mp":
             return {self.master_port: ("mp master", "mp.masterPort"), self.api_port: ("API", "api.port"), **keeper}
-        dashboard = {self.dashboard_port: ("dashboard", "ray.dashboardPort")} if self.dashboard else {}
-        return {self.ray_port: ("Ray GCS", "ray.port"), **dashboard, self.api_port: ("API", "api.port"), **keeper}
+        return {self.ray_port: ("Ray GCS", "ray.port"), **self._dashboard_ports, self.api_port: ("API", "api.port"),
+                **keeper}
+
+    @property
+    def _dashboard_ports(self) -> dict[int, tuple[str, str]]:
+        """The dashboard's port, when the head runs one (`ray.dashboard`)."""
+        return {self.dashboard_port: ("dashboard", "ray.dashboardPort")} if self.dashboard else {}
 
     @property
     def guarded_ports(self) -> list[str]:
@@ -106,8 +111,7 @@ class ClusterSpec:
         if self.executor == "mp":
             return [str(self.master_port), *keeper, "ephemeral"]
         low, high = self.worker_ports
-        fixed = (self.ray_port, *([self.dashboard_port] if self.dashboard else []), *self.ray_ports.values(),
-                 *self.ray_port_env.values())
+        fixed = (self.ray_port, *self._dashboard_ports, *self.ray_ports.values(), *self.ray_port_env.values())
         return [str(p) for p in fixed] + keeper + [f"{low}:{high}", "ephemeral"]
 
 
