@@ -14,6 +14,7 @@ import timing
 SEED = Path(__file__).with_name("seed.sh")
 HEAD, WORKER = (1, "seed-ray-head"), (2, "seed-ray-worker")
 LOG = "/root/vllm-serve.log"
+SLEEP_S = 5  # the seed's `sleep 5` (seed.sh's default for SEED_SLEEP)
 WORKER_IP = "10.87.200.12"
 
 
@@ -33,7 +34,7 @@ class SeedFailed(RuntimeError):
     """The seed's serve exited without serving: what its missing readiness wait allows (Ray not up yet)."""
 
 
-def run(max_model_len: int, sleep_s: float = 5) -> SeedRun:
+def run(max_model_len: int, sleep_s: float = SLEEP_S) -> SeedRun:
     before = probes.containers([1, 2])
     start = time.monotonic()
     t0 = time.time()
