@@ -69,8 +69,8 @@ def answers(s: LabStack, timeout: float = 10) -> bool:
 def wait_for_relaunch(s: LabStack, restarts: int, started: float) -> float:
     """Seconds from `started` until the keeper has made `restarts` relaunches and the API answers again."""
     deadline = started + RECOVERY_S
-    while not (len(state(s)["restarts"]) >= restarts and state(s).get("phase") == "watching" and answers(s, 5)):
-        assert time.monotonic() < deadline, (state(s), journal(s), logs(s))
+    while not (len((now := state(s))["restarts"]) >= restarts and now.get("phase") == "watching" and answers(s, 5)):
+        assert time.monotonic() < deadline, (now, journal(s), logs(s))
         time.sleep(0.5)
     return time.monotonic() - started
 
@@ -118,7 +118,7 @@ def assert_clean(s: LabStack) -> None:
 def test_up_arms_the_watchdog_and_no_op_up_changes_nothing(wd):
     assert answers(wd)
     deadline = time.monotonic() + 30
-    while not (state(wd).get("armed") and state(wd).get("lastProbe")):
+    while not ((now := state(wd)).get("armed") and now.get("lastProbe")):
         assert time.monotonic() < deadline, logs(wd)
         time.sleep(0.5)
     assert state(wd)["lastProbe"]["error"] is None and state(wd)["restarts"] == []
@@ -173,8 +173,8 @@ def test_a_rebooted_node_serves_again_without_up(wd, node):
     if node == 1:
         wait_for_ssh(wd, 2)
     deadline = started + RECOVERY_S
-    while not (answers(wd, 5) and state(wd).get("phase") == "watching"
-               and (before is None or len(state(wd)["restarts"]) > before)):
+    while not (answers(wd, 5) and (now := state(wd)).get("phase") == "watching"
+               and (before is None or len(now["restarts"]) > before)):
         assert time.monotonic() < deadline, (logs(wd), journal(wd))
         time.sleep(1)
     print(f"{wd.executor}: node{node} rebooted, serving again after {time.monotonic() - started:.1f}s")
