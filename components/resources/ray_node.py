@@ -45,6 +45,9 @@ def pinned_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
         **fabric_env(cluster, node),
         # Ray's OOM killer counts unified memory as pressure and killed the seed's load at 95 %.
         "RAY_memory_monitor_refresh_ms": "0",
+        # `ray start --block` drains its node on SIGTERM for up to 30 s, for actors that finish; vLLM's never do, so
+        # every `docker stop` and reboot waited out Docker's 10 s and killed Ray. 0: it stops at once, cleanly.
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         # Not an address, but pinned alike: the fabric guard closes these ports, so they must not move.
         **{var: str(port) for var, port in cluster.ray_port_env.items()},
     }
