@@ -10,11 +10,14 @@ loading, and prints the log tail.
 """
 
 import argparse
+import atexit
+import ctypes
 import glob
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +32,7 @@ BAR = re.compile(r"(?P<desc>(?:Loading|Multi-thread loading) [^:\r\n]*?): +\d+% 
                  r"(?P<n>[\d.]+)(?P<nu>[kMGTPEZY]?)/(?P<t>[\d.]+)(?P<tu>[kMGTPEZY]?) \[")
 COUNTS = (("InstantTensor", "bytes"), ("Runai", "tensors"), ("fastsafetensors", "shard batches"))
 SCALE = {"": 1, **{u: 1024 ** (i + 1) for i, u in enumerate("kMGTPEZY")}}
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
 MILESTONES = ("Loading weights took", "Application startup complete", "Error", "ERROR", "Traceback")
 
 
@@ -110,10 +114,19 @@ def fmt(seconds):
 
 
 class Container:
-    """Rank 0's container, on the head node: its state, its log and its API key, through the node's Docker."""
+    """Rank 0's container, on the head node: its state, its log and its API key, through the node's Docker. The log
+    comes from one `docker logs --follow`, read as it is written: the gate's rounds ask Docker nothing more while the
+    container runs, where reading the whole log and inspecting the container each round cost two Docker calls."""
 
     def __init__(self, name):
-        self.name, self.seen = name, 0
+        self.name, self.pending = name, b""
+        # Ended with the gate (PR_SET_PDEATHSIG, and close()), or it would follow the log as long as the serve runs.
+        self.follower = subprocess.Popen(["docker", "logs", "--follow", name], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         preexec_fn=lambda: ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM))
+        assert self.follower.stdout is not None
+        self.fd = self.follower.stdout.fileno()
+        os.set_blocking(self.fd, False)
 
     def inspect(self):
         done = subprocess.run(["docker", "inspect", "-f", "{{json .}}", self.name], capture_output=True, text=True,
@@ -121,6 +134,9 @@ class Container:
         return json.loads(done.stdout) if done.returncode == 0 else None
 
     def alive(self):
+        # The follower ends when the container stops: only then is Docker asked.
+        if self.follower.poll() is None:
+            return True
         info = self.inspect()
         return bool(info and info["State"].get("Running"))
 
@@ -129,18 +145,25 @@ class Container:
         env = dict(e.split("=", 1) for e in info["Config"].get("Env") or [] if "=" in e)
         return env.get("VLLM_API_KEY")
 
-    def lines(self):
-        done = subprocess.run(["docker", "logs", self.name], capture_output=True, text=True, timeout=60)
-        return [part for line in (done.stdout + done.stderr).splitlines() for part in line.split("\r")
-                if part.strip()]
-
     def new_lines(self):
-        lines = self.lines()
-        fresh, self.seen = lines[self.seen:], len(lines)
-        return fresh
+        try:
+            while chunk := os.read(self.fd, 65536):
+                self.pending += chunk
+        except BlockingIOError:
+            pass  # all that was written so far
+        # Up to the last line end: tqdm redraws with carriage returns, and each redraw is a line for us.
+        end = max(self.pending.rfind(b"\n"), self.pending.rfind(b"\r")) + 1
+        fresh, self.pending = self.pending[:end].decode(errors="replace"), self.pending[end:]
+        return [part for line in fresh.splitlines() for part in line.split("\r") if part.strip()]
 
     def tail(self, n=40):
-        return "\n".join(self.lines()[-n:]) + "\n"
+        done = subprocess.run(["docker", "logs", "--tail", str(n), self.name], capture_output=True, text=True,
+                              timeout=60)
+        return done.stdout + done.stderr
+
+    def close(self):
+        self.follower.kill()
+        self.follower.wait()
 
 
 class LogFollower:
@@ -178,6 +201,7 @@ def main():
     log: "Container | LogFollower"
     if a.container:
         rank0 = log = Container(a.container)
+        atexit.register(rank0.close)
         key, what, log_name = rank0.api_key(), f"container {a.container}", f"`docker logs {a.container}`"
         is_alive, log_tail = rank0.alive, (lambda: rank0.tail())
     else:

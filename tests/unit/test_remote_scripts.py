@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import random
 import socket
 import subprocess
@@ -283,10 +284,70 @@ class FakeVllm:
                                f"--pid-file={self.pid}", f"--env-file={self.env}", f"--timeout={timeout}",
                                "--heartbeat=1"], capture_output=True, text=True, timeout=timeout + 30)
 
+    def wait_in_container(self, timeout: float, bin_dir: Path) -> subprocess.CompletedProcess:
+        """The mp form: rank 0's container named instead of a pid and a log file, seen through `docker` on PATH."""
+        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+        return subprocess.run([sys.executable, str(SERVE_READY), "--node=node1", f"--url={self.url}", "--model=tiny",
+                               f"--model-path={self.model}", "--container=rank0", f"--timeout={timeout}",
+                               "--heartbeat=1"], capture_output=True, text=True, timeout=timeout + 30, env=env)
+
     def close(self):
         self.server.shutdown()
         self.process.kill()
         self.process.wait()
+
+
+def fake_docker(tmp_path: Path, fake: FakeVllm) -> tuple[Path, Path]:
+    """A `docker` for container `rank0`, whose process is the fake's: logs (followed until it exits), inspect, and
+    a journal of every call. Returns (its folder, the journal)."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "docker-calls"
+    bin_dir.mkdir()
+    script = bin_dir / "docker"
+    script.write_text(f"""#!/bin/sh
+echo "$*" >> {calls}
+pid=$(cat {fake.pid})
+case "$*" in
+  "logs --follow rank0") exec tail -n +1 -f --pid="$pid" {fake.log} ;;
+  "logs --tail "*" rank0") exec tail -n "$3" {fake.log} ;;
+  "inspect -f {{{{json .}}}} rank0")
+    if kill -0 "$pid" 2>/dev/null; then running=true; else running=false; fi
+    echo '{{"State": {{"Running": '$running'}}, "Config": {{"Env": ["VLLM_API_KEY=k1"]}}}}' ;;
+  *) echo "fake docker: $*" >&2; exit 1 ;;
+esac
+""")
+    script.chmod(0o755)
+    return bin_dir, calls
+
+
+def test_serve_ready_follows_a_containers_log_with_one_docker_call_not_one_a_round(tmp_path):
+    """mp: the progress comes from `docker logs --follow`; the rounds (a quarter second each) ask Docker nothing."""
+    fake = FakeVllm(tmp_path, shards=4, delay=0.6)
+    bin_dir, calls = fake_docker(tmp_path, fake)
+    try:
+        fake.writer.start()
+        done = fake.wait_in_container(timeout=30, bin_dir=bin_dir)
+    finally:
+        fake.close()
+    assert done.returncode == 0, done.stderr
+    for k in (1, 2, 3, 4):
+        assert f"loading weights {k}/4 shards" in done.stdout
+    assert "vllm: INFO 12-02 10:00:00 [default_loader.py:1] Loading weights took 1.50 seconds" in done.stdout
+    # The API key from one inspect, the log from one follower, over about ten rounds.
+    assert sorted(calls.read_text().splitlines()) == ["inspect -f {{json .}} rank0", "logs --follow rank0"]
+
+
+def test_serve_ready_reports_a_stopped_container_with_its_log_tail(tmp_path):
+    fake = FakeVllm(tmp_path, shards=4, delay=0.6)
+    fake.log.write_text("ValueError: Invalid repository ID or local directory specified: '/models/nope'\n")
+    bin_dir, _ = fake_docker(tmp_path, fake)
+    threading.Timer(1.0, lambda: (fake.process.kill(), fake.process.wait())).start()  # reaped: no zombie left
+    try:
+        done = fake.wait_in_container(timeout=30, bin_dir=bin_dir)
+    finally:
+        fake.close()
+    assert done.returncode == 1
+    assert "vllm serve on node1 exited while starting. Last lines of `docker logs rank0`:" in done.stderr
+    assert "/models/nope" in done.stderr
 
 
 @pytest.fixture
