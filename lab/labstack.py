@@ -98,6 +98,12 @@ class LabStack:
         self.pulumi("config", "set", "--path", *(["--secret"] if secret else []), f"spark-vllm:{path}", value,
                     check=True)
 
+    def set_configs(self, values: dict[str, str]) -> None:
+        """Plain settings (key path -> value), all in one CLI run."""
+        pairs = [arg for path, value in values.items() for arg in ("--plaintext", f"spark-vllm:{path}={value}")]
+        if pairs:
+            self.pulumi("config", "set-all", "--path", *pairs, check=True)
+
     def edit_catalog(self, name: str, change) -> None:
         file = self.dir / "catalog" / name
         data = yaml.safe_load(file.read_text())

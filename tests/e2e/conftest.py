@@ -90,10 +90,8 @@ def lab_stack(tmp_path_factory, env: dict[str, str], name: str, *, executor: str
     crash)."""
     s = LabStack(tmp_path_factory.mktemp(name), name, source or SOURCES[cluster, executor], env, state)
     s.executor = executor
-    if executor == "mp" and SOURCES[cluster, executor] != "lab-mp":
-        s.set_config("model", MP_PRESET)
-    for key, value in (config or {}).items():
-        s.set_config(key, value)
+    preset = {"model": MP_PRESET} if executor == "mp" and SOURCES[cluster, executor] != "lab-mp" else {}
+    s.set_configs({**preset, **(config or {})})
     for file, change in (catalog or {}).items():
         s.edit_catalog(file, change)
     try:
