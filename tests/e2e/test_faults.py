@@ -17,9 +17,10 @@ from labstack import LabStack, chat
 
 @pytest.fixture(scope="module")
 def stack(lab2, tmp_path_factory):
-    # A slower load (4 shards x 2 s) leaves time to act while serve-ready waits.
+    # A slower load (4 shards x 1 s) leaves time to act while serve-ready waits: each act starts once the first
+    # shard is shown, and the `up` it acts on still has the other three and the resources after the gate to go.
     yield from lab_stack(tmp_path_factory, lab2, "flt", up=True, catalog={
-        "clusters.yaml": lambda c: c["lab"]["env"].update(VLLM_DOUBLE_SHARD_DELAY_S="2")})
+        "clusters.yaml": lambda c: c["lab"]["env"].update(VLLM_DOUBLE_SHARD_DELAY_S="1")})
 
 
 def start_up(stack: LabStack) -> subprocess.Popen:
