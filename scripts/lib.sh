@@ -49,7 +49,8 @@ ensure_venv() {
   stamp="$REPO/.venv/.installed-$(cat "$REPO/requirements.txt" "$REPO/$req" | sha256sum | cut -c1-16)"
   [ -f "$stamp" ] && return 0
   say "installing $req into .venv"
-  "$REPO/.venv/bin/pip" install -q --disable-pip-version-check -r "$REPO/$req"
+  # --no-compile: each module is compiled when first imported, and most of what the packages ship never is.
+  "$REPO/.venv/bin/pip" install -q --disable-pip-version-check --no-compile -r "$REPO/$req"
   touch "$stamp"
 }
 
