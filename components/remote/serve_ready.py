@@ -113,6 +113,11 @@ def fmt(seconds):
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
+def redraws(text):
+    """The lines of a log's text: tqdm redraws with carriage returns, and each redraw is a line for us."""
+    return [part for line in text.splitlines() for part in line.split("\r") if part.strip()]
+
+
 class Container:
     """Rank 0's container, on the head node: its state, its log and its API key, through the node's Docker. The log
     comes from one `docker logs --follow`, read as it is written: the gate's rounds ask Docker nothing more while the
@@ -151,10 +156,9 @@ class Container:
                 self.pending += chunk
         except BlockingIOError:
             pass  # all that was written so far
-        # Up to the last line end: tqdm redraws with carriage returns, and each redraw is a line for us.
-        end = max(self.pending.rfind(b"\n"), self.pending.rfind(b"\r")) + 1
+        end = max(self.pending.rfind(b"\n"), self.pending.rfind(b"\r")) + 1  # up to the last line end
         fresh, self.pending = self.pending[:end].decode(errors="replace"), self.pending[end:]
-        return [part for line in fresh.splitlines() for part in line.split("\r") if part.strip()]
+        return redraws(fresh)
 
     def tail(self, n=40):
         done = subprocess.run(["docker", "logs", "--tail", str(n), self.name], capture_output=True, text=True,
@@ -179,8 +183,7 @@ class LogFollower:
             return []
         complete = data[: data.rfind("\n") + 1]
         self.pos += len(complete.encode())
-        # tqdm redraws with carriage returns; each redraw is a line for us.
-        return [part for line in complete.splitlines() for part in line.split("\r") if part.strip()]
+        return redraws(complete)
 
 
 def main():

@@ -278,17 +278,15 @@ class FakeVllm:
         with self.log.open("a") as f:
             f.write("INFO 12-02 10:00:00 [default_loader.py:1] Loading weights took 1.50 seconds\n")
 
-    def wait(self, timeout: float, model: str = "tiny") -> subprocess.CompletedProcess:
+    def wait(self, timeout: float, model: str = "tiny", docker: Path | None = None) -> subprocess.CompletedProcess:
+        """serve_ready.py on the fake: Ray's form (a pid and a log file), or with `docker`, the folder of a fake
+        `docker`, mp's (rank 0's container named, seen through that `docker`)."""
+        if docker is None:
+            watched, env = [f"--log={self.log}", f"--pid-file={self.pid}", f"--env-file={self.env}"], None
+        else:
+            watched, env = ["--container=rank0"], {**os.environ, "PATH": f"{docker}{os.pathsep}{os.environ['PATH']}"}
         return subprocess.run([sys.executable, str(SERVE_READY), "--node=node1", f"--url={self.url}",
-                               f"--model={model}", f"--model-path={self.model}", f"--log={self.log}",
-                               f"--pid-file={self.pid}", f"--env-file={self.env}", f"--timeout={timeout}",
-                               "--heartbeat=1"], capture_output=True, text=True, timeout=timeout + 30)
-
-    def wait_in_container(self, timeout: float, bin_dir: Path) -> subprocess.CompletedProcess:
-        """The mp form: rank 0's container named instead of a pid and a log file, seen through `docker` on PATH."""
-        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-        return subprocess.run([sys.executable, str(SERVE_READY), "--node=node1", f"--url={self.url}", "--model=tiny",
-                               f"--model-path={self.model}", "--container=rank0", f"--timeout={timeout}",
+                               f"--model={model}", f"--model-path={self.model}", *watched, f"--timeout={timeout}",
                                "--heartbeat=1"], capture_output=True, text=True, timeout=timeout + 30, env=env)
 
     def close(self):
@@ -325,7 +323,7 @@ def test_serve_ready_follows_a_containers_log_with_one_docker_call_not_one_a_rou
     bin_dir, calls = fake_docker(tmp_path, fake)
     try:
         fake.writer.start()
-        done = fake.wait_in_container(timeout=30, bin_dir=bin_dir)
+        done = fake.wait(timeout=30, docker=bin_dir)
     finally:
         fake.close()
     assert done.returncode == 0, done.stderr
@@ -342,7 +340,7 @@ def test_serve_ready_reports_a_stopped_container_with_its_log_tail(tmp_path):
     bin_dir, _ = fake_docker(tmp_path, fake)
     threading.Timer(1.0, lambda: (fake.process.kill(), fake.process.wait())).start()  # reaped: no zombie left
     try:
-        done = fake.wait_in_container(timeout=30, bin_dir=bin_dir)
+        done = fake.wait(timeout=30, docker=bin_dir)
     finally:
         fake.close()
     assert done.returncode == 1
