@@ -32,7 +32,7 @@ env_flags() {  # the node's fabric IP
   echo "-e VLLM_DOUBLE_SHARD_DELAY_S=0.1 -e VLLM_HOST_IP=$1 -e NCCL_SOCKET_IFNAME=$IFACE -e GLOO_SOCKET_IFNAME=$IFACE
     -e UCX_NET_DEVICES=$IFACE -e TP_SOCKET_IFNAME=$IFACE -e OMPI_MCA_btl_tcp_if_include=$IFACE
     -e MASTER_ADDR=$HEAD_IP -e RAY_memory_monitor_refresh_ms=0 -e RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
-    -e AUTOSCALER_METRIC_PORT=44217 -e DASHBOARD_METRIC_PORT=44227"
+    -e RAY_prestart_worker_first_driver=0 -e AUTOSCALER_METRIC_PORT=44217 -e DASHBOARD_METRIC_PORT=44227"
 }
 # Ray's fixed ports, pinned as spark-vllm pins them (the seed left them to Ray; it changes no timing).
 ports="--runtime-env-agent-port=6380 --dashboard-agent-grpc-port=6381 --metrics-export-port=6382

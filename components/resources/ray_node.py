@@ -48,6 +48,10 @@ def pinned_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
         # `ray start --block` drains its node on SIGTERM for up to 30 s, for actors that finish; vLLM's never do, so
         # every `docker stop` and reboot waited out Docker's 10 s and killed Ray. 0: it stops at once, cleanly.
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        # When vLLM's driver connects, the head's raylet starts one idle Python worker per CPU (20 on a Spark, about
+        # 70 MB each of the memory the GPU shares) and holds the driver until they are up; vLLM's actors never use
+        # them (ray-project/ray 40131). 0: none.
+        "RAY_prestart_worker_first_driver": "0",
         # Not an address, but pinned alike: the fabric guard closes these ports, so they must not move.
         **{var: str(port) for var, port in cluster.ray_port_env.items()},
     }

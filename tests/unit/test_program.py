@@ -141,6 +141,7 @@ def test_containers_are_pinned_to_the_fabric(rec):
         assert env["MASTER_ADDR"] == "192.168.200.1"
         assert env["RAY_memory_monitor_refresh_ms"] == "0"
         assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
+        assert env["RAY_prestart_worker_first_driver"] == "0"
         assert env["AUTOSCALER_METRIC_PORT"] == "44217" and env["DASHBOARD_METRIC_PORT"] == "44227"
         assert env["NCCL_IB_HCA"] == "rocep1s0f1"  # the cluster's extras
         assert f"--node-ip-address={ip}" in reg.inputs["command"]
