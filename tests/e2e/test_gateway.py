@@ -23,12 +23,19 @@ import urllib.error
 import openai
 import pytest
 
-from conftest import lab_stack, node_sh
+from conftest import lab, lab_stack, node_sh
 from labstack import ROOT, LabStack, chat, planned
 
 GATEWAY_KEY = f"sk-gateway-e2e-{secrets.token_hex(12)}"
 N2_KEY = f"sk-n2-e2e-{secrets.token_hex(12)}"
 MODELS = ["lab-n1", "lab-n2"]
+
+
+@pytest.fixture(scope="module")
+def lab2(engine_env):
+    """The two-node lab, with the gateway's image on node1 (which only the gateway stacks need)."""
+    lab("up", "--nodes", "2", "--gateway")
+    return engine_env
 
 
 @pytest.fixture(scope="module")
