@@ -9,6 +9,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,10 +30,20 @@ LOADER_PACKAGES = DOUBLE_SRC / "loader_packages"
 RAY_NODE_IP = "127.0.0.2"
 
 
+# Ports the tests hand to a double: below the kernel's ephemeral range, so that no other process's connection is
+# given one between this check and the double's bind (the mp master binds 0.0.0.0), and above Ray's worker ports.
+PORTS = range(20000, int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]))
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    for port in random.sample(PORTS, 100):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PORTS}")
 
 
 def double_env(**extra) -> dict:
