@@ -2,6 +2,7 @@
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -78,9 +79,11 @@ def up(count: int, gateway: bool = False) -> None:
             nodes.log_capped_ulimits()
             for extra in [n for n in nodes.existing_nodes() if n.index > count]:
                 nodes.remove_node(extra)
-            for n in wanted:
-                log(f"{n.name}: {nodes.ensure_node(n, node_image, pubkey)}")
+            done = {n: nodes.ensure_node(n, node_image, pubkey) for n in wanted}
+            for n, what in done.items():
+                log(f"{n.name}: {what}")
             _parallel(nodes.wait_ready, wanted)
+            _parallel(nodes.empty_engine, [n for n, what in done.items() if what.endswith(nodes.KEPT_VOLUME)])
         with phase("models"):
             for n, differ in zip(wanted, _parallel(lambda n: nodes.restore_models(n, node_image), wanted)):
                 if differ:
@@ -125,9 +128,13 @@ def _host_objects() -> dict[str, list[str]]:
 
 
 def down() -> None:
+    """Everything `up` made but the nodes' volumes: their engines' images stay, so that the next `up` loads none
+    (it empties what else the engines held)."""
     phase = Phases()
     with _locked():
         objects = _host_objects()
+        kept = [v for v in objects["volume"] if re.fullmatch(rf"{PREFIX}-node\d+-docker", v)]
+        objects["volume"] = [v for v in objects["volume"] if v not in kept]
         with phase("containers"):
             if objects["container"]:
                 run(["docker", "rm", "-f", *objects["container"]], timeout=180)
@@ -142,6 +149,8 @@ def down() -> None:
             ssh.remove_generated()
     removed = [f"{len(v)} {k}(s)" for k, v in objects.items() if v] + ([f"route {FABRIC_CIDR}"] if route else [])
     log("removed " + (", ".join(removed) if removed else "nothing (lab was already down)"))
+    if kept:
+        log(f"kept the nodes' volumes, with their images: {', '.join(kept)} (`docker volume rm` frees the space)")
     phase.summary("lab down")
 
 

@@ -61,7 +61,8 @@ def _inspect(name: str, fmt: str) -> str | None:
 
 
 def ensure_node(node: Node, image: str, pubkey: str) -> str:
-    """Create, start or keep the node's container; returns what was done."""
+    """Create, start or keep the node's container; returns what was done. A container created on the volume a
+    removed one left (its images kept) starts with what its engine ran then: empty_engine clears that."""
     args = _create_args(node, image, pubkey)
     spec = hash_inputs(*args)
     state = _inspect(node.name, f'{{{{index .Config.Labels "{SPEC_LABEL}"}}}} {{{{.State.Running}}}}')
@@ -72,13 +73,25 @@ def ensure_node(node: Node, image: str, pubkey: str) -> str:
         return "started"
     if state:
         run(["docker", "rm", "-f", node.name], timeout=60)
-    if _inspect(node.volume, "{{.Name}}") is None:
+    kept_volume = _inspect(node.volume, "{{.Name}}") is not None
+    if not kept_volume:
         run(["docker", "volume", "create", "--label", f"{LABEL}=1", node.volume])
     run(["docker", "create", "--label", f"{LABEL}=1", "--label", f"{SPEC_LABEL}={spec}", *args], timeout=60)
     if node.mgmt_ip:  # node1 is on both networks; docker attaches the second one before start
         run(["docker", "network", "connect", "--ip", node.fabric_ip, FABRIC_NET, node.name])
     run(["docker", "start", node.name], timeout=60)
-    return "created" if state is None else "recreated"
+    return ("created" if state is None else "recreated") + (KEPT_VOLUME if kept_volume else "")
+
+
+KEPT_VOLUME = " on its kept volume"
+# A node's engine as a new machine's would be, but for its images: the containers, volumes and networks that a
+# removed node's engine left on its volume are removed.
+_EMPTY_ENGINE = ("docker ps -aq | xargs -r docker rm -f >/dev/null && "
+                 "docker volume ls -q | xargs -r docker volume rm -f >/dev/null && docker network prune -f >/dev/null")
+
+
+def empty_engine(node: Node) -> None:
+    run(["docker", "exec", node.name, "sh", "-c", _EMPTY_ENGINE], timeout=300)
 
 
 def wait_ready(node: Node) -> None:
@@ -125,9 +138,9 @@ def existing_nodes() -> list[Node]:
 
 
 def remove_node(node: Node) -> None:
+    """The node's container; its volume stays, with its images, for the next `up` that wants the node."""
     run(["docker", "rm", "-f", node.name], timeout=60)
-    run(["docker", "volume", "rm", node.volume], check=False, timeout=60)
-    log(f"removed {node.name} and its volume")
+    log(f"removed {node.name} (its volume {node.volume} stays)")
 
 
 def memory(node: Node) -> str:

@@ -301,10 +301,29 @@ def test_status_reports_every_node_healthy():
     assert "unreachable" in out
 
 
-def test_down_leaves_nothing_and_is_idempotent():
+KEPT_VOLUMES = [f"svl-lab-node{i}-docker" for i in (1, 2, 3)]
+
+
+def test_down_leaves_nothing_but_the_nodes_volumes_and_is_idempotent():
+    # What a crashed run leaves in a node's engine, which the next `up` must clear.
+    ssh("svl-lab-node1", "docker volume create leftover && docker create --name leftover -v leftover:/x "
+                         f"{INNER} true")
     with measure("lab down"):
-        lab("down", timeout=600)
-    assert lab_objects() == {"containers": [], "networks": [], "volumes": [], "links": [], "route": []}
+        out = lab("down", timeout=600).stdout
+    assert f"kept the nodes' volumes, with their images: {', '.join(KEPT_VOLUMES)}" in out, out
+    left = lab_objects()
+    assert {**left, "volumes": sorted(left["volumes"])} == {"containers": [], "networks": [], "volumes": KEPT_VOLUMES,
+                                                            "links": [], "route": []}
     assert not SSH_CONFIG.exists()
     assert "nothing (lab was already down)" in lab("down", timeout=120).stdout
     assert sh([str(LAB), "status"], check=False).returncode == 1
+
+
+def test_up_on_the_kept_volumes_loads_no_image_and_starts_each_engine_empty():
+    with measure("lab up (nodes' volumes kept)"):
+        out = lab("up", timeout=600).stdout
+    for node in (1, 2):
+        assert f"svl-lab-node{node}: created on its kept volume" in out, out
+        assert f"svl-lab-node{node}: inner image already" in out, out
+        engine = ssh(f"svl-lab-node{node}", "docker ps -aq; docker volume ls -q; docker images -q " + INNER).stdout
+        assert engine.split() == [inner_id(f"svl-lab-node{node}")[7:19]], engine
