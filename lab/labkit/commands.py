@@ -60,8 +60,9 @@ def _host_images(phase: Phases) -> tuple[str, str, str, str]:
     return node_image, inner_id, mp_id, gateway_id
 
 
-def up(count: int, gateway: bool = False) -> None:
-    """`gateway`: node1 gets the gateway's image too (946 MB, 18 s to load), which only the gateway stacks run."""
+def up(count: int, gateway: bool = False, show_status: bool = True) -> None:
+    """`gateway`: node1 gets the gateway's image too (946 MB, 18 s to load), which only the gateway stacks run.
+    `show_status`: the node table at the end, for a reader (0.7 s: ssh and Docker again on every node)."""
     if count < 1:
         raise LabError("--nodes must be at least 1")
     phase = Phases()
@@ -101,7 +102,8 @@ def up(count: int, gateway: bool = False) -> None:
                 images.load_into_nodes(gateway_id, wanted[:1], GATEWAY_IMAGE, "gateway")
     phase.summary("lab up")
     print(f"\nssh: ssh -F {ssh.SSH_CONFIG} {PREFIX}-node1   (node2..N via node1 as jump host)")
-    status()
+    if show_status:
+        status()
 
 
 def twin_up(t: twin.Twin, count: int) -> None:

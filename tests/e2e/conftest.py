@@ -63,7 +63,8 @@ def remove_leftovers(stack: str | None = None) -> None:
 
 @pytest.fixture(scope="module")
 def lab2(engine_env):
-    lab("up", "--nodes", "2")
+    """The two-node lab, made right again for each module (what an earlier one left is put back)."""
+    lab("up", "--nodes", "2", "--no-status")
     return engine_env
 
 

@@ -34,7 +34,7 @@ MODELS = ["lab-n1", "lab-n2"]
 @pytest.fixture(scope="module")
 def lab2(engine_env):
     """The two-node lab, with the gateway's image on node1 (which only the gateway stacks need)."""
-    lab("up", "--nodes", "2", "--gateway")
+    lab("up", "--nodes", "2", "--gateway", "--no-status")
     return engine_env
 
 

@@ -11,7 +11,7 @@ from labstack import chat
 
 @pytest.fixture(scope="module")
 def lab3(engine_env):
-    lab("up", "--nodes", "3")
+    lab("up", "--nodes", "3", "--no-status")
     return engine_env
 
 
