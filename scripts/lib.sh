@@ -52,8 +52,9 @@ ensure_venv() {
   [ -f "$stamp" ] && return 0
   say "installing $req into .venv"
   # uv fetches and unpacks the packages in parallel, where pip does one at a time: a fresh venv took pip 68 s
-  # beside the lab's start, uv 13 s (6 s from its cache), its own install included. Like pip --no-compile, uv leaves each module to be
-  # compiled when first imported. The venv keeps pip (python -m venv), which Pulumi's toolchain and a test use.
+  # beside the lab's start, uv 13 s (6 s from its cache), its own install included. Like pip --no-compile, uv
+  # leaves each module to be compiled when first imported. The venv keeps pip (python -m venv), which Pulumi's
+  # toolchain and a test use.
   "$REPO/.venv/bin/pip" install -q --disable-pip-version-check "$UV_PIN"
   "$REPO/.venv/bin/uv" pip install -q --python "$REPO/.venv/bin/python" -r "$REPO/$req"
   touch "$stamp"
