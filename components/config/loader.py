@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from . import gateway_config, placement, validate, watchdog_config, yaml_file
+from . import artifacts_config, gateway_config, placement, validate, watchdog_config, yaml_file
 from .schema import ConfigError, Section, did_you_mean
-from .spec import NAMESPACE, ClusterSpec, Deployment
+from .spec import NAMESPACE, ClusterSpec, Deployment, PreflightSpec, ServeSpec
 
 
 def load_stack(stack: str, config: Mapping[str, Any], secret_keys: set[str],
@@ -44,10 +44,27 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
         watchdog = dataclasses.replace(watchdog, port=keeper_port)
     cluster = dataclasses.replace(cluster, executor=serve.executor, watchdog_port=keeper_port)
     validate.world_size(cluster, serve, stack_file)
+    artifacts_config.check_node(serve.hub, preset, keys.overrides, tuple(n.name for n in cluster.nodes))
     return Deployment(stack=stack, cluster=cluster, serve=serve, cluster_ready_timeout_s=keys.cluster_ready_timeout_s,
                       serve_ready_timeout_s=keys.serve_ready_timeout_s, secrets=keys.secrets,
-                      ssh_private_key=_read_key(cluster, clusters.file), preflight=keys.preflight,
-                      watchdog=watchdog)
+                      ssh_private_key=_read_key(cluster, clusters.file), preflight=_with_hub(keys, serve),
+                      watchdog=watchdog, images=keys.images)
+
+
+def _with_hub(keys: validate.StackKeys, serve: ServeSpec) -> PreflightSpec:
+    """A model from the Hub is downloaded on one node and synced to the others: preflight must be on, and the sync
+    is on unless the stack turns it off, which it may not."""
+    if serve.hub is None:
+        return keys.preflight
+    if not keys.preflight.enabled:
+        raise keys.preflight_keys.error("enabled", False, "true with a model whose weights come from the Hub "
+                                        "(serve.hub)", "is false, but the download acts on what preflight finds on the "
+                                        "node and asks the Hub")
+    if keys.sync_weights is False:
+        raise keys.preflight_keys.error("syncWeights", False, "true (or left out) with a model whose weights come "
+                                        "from the Hub (serve.hub)", "is false, but the other nodes get the download "
+                                        "by the sync")
+    return dataclasses.replace(keys.preflight, sync_weights=True)
 
 
 def load_gateway(stack: str, config: Mapping[str, Any], secret_keys: set[str],

@@ -10,7 +10,7 @@ from typing import Any
 
 from .gateway_config import GatewaySpec
 from .loader import load_stack
-from .spec import Deployment
+from .spec import NAMESPACE, Deployment
 
 
 def from_pulumi(project_dir: Path) -> Deployment | GatewaySpec:
@@ -22,6 +22,14 @@ def from_pulumi(project_dir: Path) -> Deployment | GatewaySpec:
     values = {key: decode(value) for key, value in raw.items()}
     secret_keys = {key for key in raw if runtime_config.is_config_secret(key)}
     return load_stack(pulumi.get_stack(), values, secret_keys, project_dir)
+
+
+def secret_value(key: str) -> str | None:
+    """A secret's plain value, for what the program itself sends (preflight's question to the Hub); resources get
+    secrets as secret outputs (`pulumi.Config.require_secret`)."""
+    from pulumi.runtime import config as runtime_config
+
+    return runtime_config.get_config(f"{NAMESPACE}:{key}")
 
 
 def decode(value: Any) -> Any:

@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from .artifacts_config import HubSpec, ImagesSpec
 from .watchdog_config import WatchdogSpec
 
 NAMESPACE = "spark-vllm"
-SECRET_KEYS = ("apiKey", "hfToken")
+SECRET_KEYS = ("apiKey", "hfToken")  # the serve's: vLLM reads both from its environment
+REGISTRY_SECRET = "registryPassword"  # the image registry's, for `images.pull` (docs/artifacts.md)
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class ServeSpec:
     extra_args: tuple[str, ...]
     drop_page_cache: bool = False  # drop every node's page cache before each start of the serve (needs root)
     executor: str = "ray"  # vLLM's --distributed-executor-backend across nodes: "ray", or "mp" (no Ray)
+    hub: Optional[HubSpec] = None  # where the weights come from, when the program downloads them
 
 
 @dataclass(frozen=True)
@@ -152,3 +155,10 @@ class Deployment:
     ssh_private_key: Optional[str]  # contents of the key file; the program wraps it as a secret
     preflight: PreflightSpec
     watchdog: WatchdogSpec = WatchdogSpec()
+    images: ImagesSpec = ImagesSpec()
+
+    @property
+    def source(self) -> NodeSpec:
+        """The node the others get the weights from: the Hub download's, else the head."""
+        hub = self.serve.hub
+        return self.cluster.node(hub.node) if hub is not None and hub.node else self.cluster.head

@@ -10,9 +10,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from . import serve_flags, watchdog_config
+from . import artifacts_config, serve_flags, watchdog_config
+from .artifacts_config import ImagesSpec
 from .schema import HIDDEN, ConfigError, Section, closest, did_you_mean
-from .spec import NAMESPACE, SECRET_KEYS, ClusterSpec, NodeSpec, PreflightSpec, ServeSpec, SshSpec
+from .spec import NAMESPACE, REGISTRY_SECRET, SECRET_KEYS, ClusterSpec, NodeSpec, PreflightSpec, ServeSpec, SshSpec
 from .watchdog_config import WatchdogSpec
 
 # Environment variables that would carry the secrets (SECRET_KEYS) in plain text, in the containers' create inputs.
@@ -52,7 +53,10 @@ class StackKeys:
     cluster_ready_timeout_s: int
     serve_ready_timeout_s: int
     preflight: PreflightSpec
+    preflight_keys: Section  # for the checks against the model's `hub` (loader.py)
+    sync_weights: Optional[bool]  # preflight.syncWeights as written; None: left out
     secrets: tuple[str, ...]
+    images: ImagesSpec
     watchdog: WatchdogSpec
     watchdog_keys: Section  # for the port's check against the cluster's
     nodes: Optional[tuple[str, ...]]  # the stack's nodes, its head first (placement.py); None: the cluster's
@@ -72,9 +76,10 @@ def stack_keys(config: Mapping[str, Any], secret_keys: set[str], stack_file: str
     serve_ready_s = timeouts.int("serveReadySeconds", 2400, lo=30, hi=4 * 3600)
     timeouts.done()
     keys = top.section("preflight")
+    sync_weights = keys.bool("syncWeights", None)
     preflight = PreflightSpec(enabled=keys.bool("enabled", True), hash_weights=keys.bool("hashWeights", False),
                               timeout_s=keys.int("timeoutSeconds", 60, lo=5, hi=4 * 3600),
-                              sync_weights=keys.bool("syncWeights", False),
+                              sync_weights=bool(sync_weights),
                               sync_timeout_s=keys.int("syncTimeoutSeconds", 3600, lo=10, hi=24 * 3600))
     if preflight.sync_weights and not preflight.enabled:
         raise keys.error("syncWeights", True, "false while preflight.enabled is false",
@@ -83,14 +88,19 @@ def stack_keys(config: Mapping[str, Any], secret_keys: set[str], stack_file: str
     watchdog_keys = top.section("watchdog")
     watchdog = watchdog_config.parse(watchdog_keys, serve_ready_s)
     secrets = tuple(key for key in SECRET_KEYS if _secret(top, key, secret_keys))
+    images = artifacts_config.images(top.section("images"), _secret(top, REGISTRY_SECRET, secret_keys))
+    if images.pull != "none" and not preflight.enabled:
+        raise top.section("images").error("pull", images.pull, "none while preflight.enabled is false",
+                                          f"is {images.pull!r}, but which nodes pull is what preflight finds, and "
+                                          "preflight is off")
     nodes = top.str_list("nodes", None)
     if nodes is not None and not nodes:
         raise top.error("nodes", [], "a non-empty list of the cluster's node names, the stack's head first")
     port_slot = top.int("portSlot", None, lo=0, hi=PORT_SLOTS - 1)
     _refuse_flat_paths(top)
     top.done()
-    return StackKeys(catalog, cluster, model, overrides, cluster_ready_s, serve_ready_s, preflight, secrets,
-                     watchdog, watchdog_keys, nodes, port_slot, top)
+    return StackKeys(catalog, cluster, model, overrides, cluster_ready_s, serve_ready_s, preflight, keys, sync_weights,
+                     secrets, images, watchdog, watchdog_keys, nodes, port_slot, top)
 
 
 def top_section(config: Mapping[str, Any], secret_keys: set[str], stack_file: str) -> Section:
@@ -98,7 +108,8 @@ def top_section(config: Mapping[str, Any], secret_keys: set[str], stack_file: st
     _refuse_near_namespaces(config, stack_file)
     top = Section({k[len(NAMESPACE) + 1:]: v for k, v in config.items() if k.startswith(NAMESPACE + ":")},
                   stack_file, NAMESPACE, sep=":")
-    top.secret_keys = {*SECRET_KEYS, *(k[len(NAMESPACE) + 1:] for k in secret_keys if k.startswith(NAMESPACE + ":"))}
+    top.secret_keys = {*SECRET_KEYS, REGISTRY_SECRET,
+                       *(k[len(NAMESPACE) + 1:] for k in secret_keys if k.startswith(NAMESPACE + ":"))}
     return top
 
 
@@ -297,7 +308,9 @@ def serve(preset: Section, overrides: Section, model_name: str) -> ServeSpec:
                      max_num_seqs=pick("maxNumSeqs").int("maxNumSeqs", None, lo=1, hi=65536),
                      extra_args=_extra_args(pick("extraArgs")),
                      drop_page_cache=pick("dropPageCache").bool("dropPageCache", False),
-                     executor=pick("executor").choice("executor", EXECUTORS, "ray"))
+                     executor=pick("executor").choice("executor", EXECUTORS, "ray"),
+                     hub=artifacts_config.hub(preset, overrides))
+    preset._read.add("hub")
     preset.done()
     overrides._read |= preset._read  # the stack may override any preset key
     overrides.done()
