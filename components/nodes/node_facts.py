@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 class Docker:
     server: str = ""  # the daemon's version
     driver: str = ""  # its storage driver
+    root: str = ""  # where it keeps images (DockerRootDir)
     error: Optional[str] = None  # why the daemon does not answer
     unavailable: Optional[str] = None  # why it could not be asked (no `docker`)
 
@@ -42,12 +43,14 @@ class InsideImage:
     load_formats: Optional[tuple[str, ...]] = None  # the formats of vLLM's loader registry; None: not read
     load_formats_error: Optional[str] = None  # why the registry could not be read
     loader_packages: Mapping[str, LoaderPackage] = field(default_factory=dict)  # package -> what was found
+    huggingface_hub: Optional[str] = None  # its version, "" when the image has none; None: not read
 
 
 @dataclass(frozen=True)
 class Image:
     present: bool = False
     id: str = ""
+    size: Optional[int] = None  # bytes, as `docker image inspect` counts them
     inside: Optional[InsideImage] = None  # None when the image is not on the node
     unavailable: Optional[str] = None
 
@@ -87,12 +90,36 @@ class Fabric:
 
 
 @dataclass(frozen=True)
+class HubRecord:
+    """What the last Hub download on this node recorded beside the weights (components/remote/hub_download.py)."""
+    repo: str
+    revision: str  # as the stack wrote it
+    commit: str  # what it resolved to
+    files: tuple[tuple[str, int, str], ...]  # every file of the repo at that commit: (path, size, etag)
+    complete: bool  # every file it fetched arrived
+
+
+@dataclass(frozen=True)
 class Model:
     exists: bool = False  # the model path is a folder
     is_file: bool = False  # the model path is a file
-    files: tuple[tuple[str, int], ...] = ()  # (path in the folder, size in bytes), sorted
+    files: tuple[tuple[str, int], ...] = ()  # (path in the folder, size in bytes: a link's target's), sorted
     config: Optional[Mapping[str, Any]] = None  # what preflight reads of config.json; None without one
     sha256: Mapping[str, str] = field(default_factory=dict)  # weight file -> its SHA-256, with hashWeights
+    links: int = 0  # how many of the files are symbolic links (a Hugging Face cache snapshot's are)
+    dangling: tuple[tuple[str, str], ...] = ()  # (path, where it points) of each link to nothing
+    mount_root: Optional[str] = None  # the folder that holds the weights and whatever their links point to
+    hub: Optional[HubRecord] = None  # the last Hub download's record, on the node that downloads
+    unavailable: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Space:
+    """Free disk space where the weights go, and where Docker keeps its images."""
+    weights_free: Optional[int] = None  # bytes free on the file system of the model path (or its nearest parent)
+    weights_mount: str = ""  # that existing folder
+    docker_free: Optional[int] = None  # bytes free where Docker keeps images; None: not readable here
+    docker_root: str = ""
     unavailable: Optional[str] = None
 
 
@@ -216,6 +243,7 @@ class NodeFacts:
     rsync: Optional[bool] = None  # whether rsync is installed, with preflight.syncWeights
     running: Optional[Running] = None  # None when Docker does not answer
     claims: Optional[Claims] = None  # None when Docker does not answer
+    space: Optional[Space] = None
 
     @property
     def reachable(self) -> bool:
@@ -245,19 +273,23 @@ def parse(raw: Mapping[str, Any]) -> NodeFacts:
         guard=group("guard", Guard, lambda value: Guard(hooked=tuple(value["hooked"]))),
         rsync=raw.get("rsync"),
         running=group("running", Running, _running),
-        claims=group("claims", Claims, lambda value: Claims(by_stack=dict(value["byStack"]))))
+        claims=group("claims", Claims, lambda value: Claims(by_stack=dict(value["byStack"]))),
+        space=group("space", Space, lambda value: Space(
+            weights_free=value.get("weightsFree"), weights_mount=value.get("weightsMount", ""),
+            docker_free=value.get("dockerFree"), docker_root=value.get("dockerRoot", ""))))
 
 
 def _docker(value: Mapping[str, Any]) -> Docker:
-    return Docker(server=value.get("server", ""), driver=value.get("driver", ""), error=value.get("error"))
+    return Docker(server=value.get("server", ""), driver=value.get("driver", ""), root=value.get("root", ""),
+                  error=value.get("error"))
 
 
 def _image(value: Mapping[str, Any]) -> Image:
     inside = value.get("inside")
     if inside is None:
-        return Image(present=value["present"], id=value.get("id", ""))
+        return Image(present=value["present"], id=value.get("id", ""), size=value.get("size"))
     archs = tuple(inside["archs"]) if "archs" in inside else None
-    return Image(present=value["present"], id=value.get("id", ""), inside=InsideImage(
+    return Image(present=value["present"], id=value.get("id", ""), size=value.get("size"), inside=InsideImage(
         ray=inside.get("ray", ""), vllm=inside.get("vllm", ""), archs=archs, error=inside.get("error"),
         ray_error=inside.get("rayError"), vllm_error=inside.get("vllmError"), serve_nnodes=inside.get("serveNnodes"),
         serve_help_error=inside.get("serveHelpError"),
@@ -265,7 +297,8 @@ def _image(value: Mapping[str, Any]) -> Image:
         load_formats_error=inside.get("loadFormatsError"),
         loader_packages={name: LoaderPackage(installed=found["installed"], version=found.get("version", ""),
                                              error=found.get("error"))
-                         for name, found in inside.get("loaderPackages", {}).items()}))
+                         for name, found in inside.get("loaderPackages", {}).items()},
+        huggingface_hub=inside.get("huggingfaceHub")))
 
 
 def _gpus(value: Mapping[str, Any]) -> Gpus:
@@ -282,9 +315,15 @@ def _fabric(value: Mapping[str, Any]) -> Fabric:
 
 
 def _model(value: Mapping[str, Any]) -> Model:
+    hub = value.get("hub")
     return Model(exists=value["exists"], is_file=value.get("isFile", False),
                  files=tuple((name, size) for name, size in value.get("files", ())), config=value.get("config"),
-                 sha256=value.get("sha256", {}))
+                 sha256=value.get("sha256", {}), links=value.get("links", 0),
+                 dangling=tuple((name, target) for name, target in value.get("dangling", ())),
+                 mount_root=value.get("mountRoot"),
+                 hub=HubRecord(repo=hub["repo"], revision=hub["revision"], commit=hub["commit"],
+                               files=tuple((p, n, e) for p, n, e in hub["files"]), complete=hub["complete"])
+                 if isinstance(hub, dict) else None)
 
 
 def _ports(value: Mapping[str, Any]) -> Ports:

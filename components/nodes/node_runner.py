@@ -127,8 +127,8 @@ def stream(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str)
     return 128 - code if code < 0 else code
 
 
-def rsync_argv(path: str, node: NodeSpec, host: str, checksum: bool, with_key: bool) -> list[str]:
-    """rsync from this node's `path` to the same path on `node` at `host`, for a script that runs on a node.
+def hop_ssh(node: NodeSpec, with_key: bool) -> list[str]:
+    """ssh from one node to `node`, for a script that runs on a node (the weights sync, the image copy).
 
     The hop's key and known hosts are files in the folder $SPARK_VLLM_SSH_DIR of the running script (ssh expands
     it); host keys are accepted on first use into that run's own known_hosts.
@@ -138,7 +138,16 @@ def rsync_argv(path: str, node: NodeSpec, host: str, checksum: bool, with_key: b
            "-o", "StrictHostKeyChecking=accept-new", "-o", "UserKnownHostsFile=${SPARK_VLLM_SSH_DIR}/known_hosts"]
     if with_key:
         hop += ["-o", "IdentitiesOnly=yes", "-o", "IdentityFile=${SPARK_VLLM_SSH_DIR}/key"]
-    hop += ["-p", str(node.ssh_port)]
-    return ["rsync", "-a", "--checksum" if checksum else "--size-only",
-            f"--rsync-path=mkdir -p {shlex.quote(path)} && rsync", "-e", " ".join(hop),
+    return hop + ["-p", str(node.ssh_port)]
+
+
+def rsync_argv(path: str, node: NodeSpec, host: str, checksum: bool, with_key: bool) -> list[str]:
+    """rsync from this node's `path` to the same path on `node` at `host`, for a script that runs on a node.
+
+    Links are copied as the files they point to (a Hugging Face cache snapshot is a folder of links into its blob
+    store, which the other node does not have), and dot-files at the top (huggingface_hub's and spark-vllm's
+    records under .cache/) are the source's own.
+    """
+    return ["rsync", "-a", "--copy-links", "--exclude=/.*", "--checksum" if checksum else "--size-only",
+            f"--rsync-path=mkdir -p {shlex.quote(path)} && rsync", "-e", " ".join(hop_ssh(node, with_key)),
             f"{path}/", f"{node.ssh_user}@{host}:{path}/"]

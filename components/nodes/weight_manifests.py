@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from ..config.spec import ClusterSpec
+from ..config.spec import ClusterSpec, NodeSpec
 from .node_facts import Model, NodeFacts
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -37,18 +37,27 @@ def weight_differences(model: Model, ref_model: Model, hash_weights: bool) -> tu
     return missing, differ, changed
 
 
-def sync_needed(cluster: ClusterSpec, hash_weights: bool, facts: Mapping[str, NodeFacts]) -> dict[str, bool]:
-    """Worker -> whether its weights are known to differ from the head's (what preflight.syncWeights copies).
+def sync_needed(cluster: ClusterSpec, source: NodeSpec, hash_weights: bool, facts: Mapping[str, NodeFacts],
+                wanted: Optional[Mapping[str, int]] = None) -> dict[str, bool]:
+    """Every node but `source` -> whether its weights are known to differ from the source's, or (with `wanted`, the
+    files a Hub download fetches, with their sizes) to lack any of those (what preflight.syncWeights copies).
 
-    A worker whose weights could not be read is not synced: its row already says `could not check`."""
-    head = facts[cluster.head.name].model if cluster.head.name in facts else None
+    A node whose weights could not be read is not synced: its row already says `could not check`."""
+    ref = facts[source.name].model if source.name in facts else None
     needed = {}
-    for node in cluster.workers:
+    for node in cluster.nodes:
+        if node.name == source.name:
+            continue
         model = facts[node.name].model if node.name in facts else None
-        if head is None or not head.exists or model is None or model.unavailable:
+        if model is None or model.unavailable:
+            needed[node.name] = False
+        elif wanted is not None:
+            have = dict(model.files) if model.exists else {}
+            needed[node.name] = any(have.get(path) != n for path, n in wanted.items())
+        elif ref is None or not ref.exists:
             needed[node.name] = False
         elif not model.exists:
             needed[node.name] = not model.is_file
         else:
-            needed[node.name] = any(weight_differences(model, head, hash_weights))
+            needed[node.name] = any(weight_differences(model, ref, hash_weights))
     return needed

@@ -6,7 +6,9 @@ warn or fail, with a one-line reason and the fix. Warnings are printed and the p
 it with the whole table, before anything is created, replaced or deleted. It registers no resource, so a no-op
 preview still has no changes. `run()` returns every node's facts: the fabric guard reads what preflight found of
 it, and with `preflight.syncWeights` components/resources/weights_sync.py reads the weights manifests in them.
-It returns what of the deployment lives too (liveness.py): the life tokens that recreate what died.
+It returns what of the deployment lives too (liveness.py): the life tokens that recreate what died; and the plans of
+the artifacts (docs/artifacts.md): which node copies or pulls the image, and what the Hub download fetches, for which
+the Hub is asked only when the node that downloads has no record of the revision (components/nodes/hub_plan.py).
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ from typing import Mapping, Optional
 import pulumi
 
 from ..config.spec import Deployment, NodeSpec
-from ..resources.fabric_guard import GuardState, guard_state
-from .liveness import Lives, judge
+from ..nodes import hub_client, hub_plan, image_plan
+from ..nodes.hub_plan import HubPlan
+from ..nodes.image_plan import ImagePlan
 from ..nodes.node_facts import NodeFacts
-from .judging import Status, evaluate
+from ..resources.fabric_guard import GuardState, guard_state
+from .findings import Status
+from .judging import evaluate
+from .liveness import Lives, judge
 from .probing import probe
 from .table import render
 
@@ -31,12 +37,15 @@ from .table import render
 class Checked:
     facts: dict[str, NodeFacts] = field(default_factory=dict)  # by node name; {} when preflight is off
     lives: Lives = Lives()  # nothing known when preflight is off
+    images: ImagePlan = ImagePlan(None, {})  # nothing to copy or pull when preflight is off
+    hub: Optional[HubPlan] = None  # the Hub download's, with serve.hub
 
 
-def run(deployment: Deployment) -> Checked:
+def run(deployment: Deployment, hf_token: Optional[str] = None) -> Checked:
     """Probes, judges and reports; raises pulumi.RunError (no traceback) with the table if any check failed.
 
-    Returns each node's facts, for the resources whose diff depends on them, and the deployment's lives.
+    Returns each node's facts, for the resources whose diff depends on them, the deployment's lives, and the
+    artifacts' plans. `hf_token` is the stack's hfToken, for the Hub's one question.
     """
     if not deployment.preflight.enabled:
         pulumi.log.info("preflight is off (spark-vllm:preflight.enabled is false): the nodes were not checked, "
@@ -48,7 +57,9 @@ def run(deployment: Deployment) -> Checked:
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         facts = dict(zip([n.name for n in nodes], pool.map(lambda n: probe(deployment, n), nodes)))
     lives = judge(deployment, facts)
-    findings = evaluate(deployment, facts, lives)
+    hub = hub_plan.plan(deployment, facts, hub_client.ask, hf_token)
+    images = image_plan.plan(deployment, {name: f for name, f in facts.items() if f.reachable})
+    findings = evaluate(deployment, facts, lives, hub, images)
     table = render(findings)
     failed = [finding for finding in findings if finding.status is Status.FAIL]
     warned = [finding for finding in findings if finding.status is Status.WARN]
@@ -60,7 +71,7 @@ def run(deployment: Deployment) -> Checked:
     if dead:
         summary += ". Dead since the last up, so recreated by this one:\n  " + "\n  ".join(dead)
     (pulumi.log.warn if warned else pulumi.log.info)(f"{summary}\n{table}")
-    return Checked(facts, lives)
+    return Checked(facts, lives, images, hub)
 
 
 def guard_found(deployment: Deployment, facts: Mapping[str, NodeFacts], node: NodeSpec) -> Optional[GuardState]:
@@ -70,7 +81,8 @@ def guard_found(deployment: Deployment, facts: Mapping[str, NodeFacts], node: No
     return guard_state(deployment.stack, deployment.cluster, hooked)
 
 
-def image_found(facts: Mapping[str, NodeFacts], node: NodeSpec) -> Optional[str]:
-    """The id of the deployment's image on `node` as preflight found it; None when it was not checked."""
-    image = facts[node.name].image if node.name in facts else None
-    return image.id if image is not None and image.present else None
+def image_found(checked: Checked, node: NodeSpec) -> Optional[str]:
+    """The id of the deployment's image on `node` once its image arrived: what it holds, or the reference's that a
+    copy brings; None when unknown (not checked, or pulled from the registry)."""
+    step = checked.images.nodes.get(node.name)
+    return step.wanted_id if step is not None else None

@@ -3,19 +3,23 @@ unit-tested)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import StrEnum
+import dataclasses
 from typing import Any, Mapping, Optional
 
 from ..config.spec import Deployment, NodeSpec
-from ..nodes.node_facts import GpuSource, InsideImage, Model, NodeFacts
-from ..resources.fabric_guard import GuardState, chain_name, guard_state
-from .liveness import Lives
+from ..nodes import image_plan
+from ..nodes.hub_plan import HubPlan
+from ..nodes.image_plan import Action, ImagePlan
 from ..nodes.load_floor import node_floor
+from ..nodes.node_facts import GpuSource, InsideImage, NodeFacts
+from ..nodes.weight_manifests import WEIGHT_SUFFIXES, weight_bytes
+from ..resources.fabric_guard import GuardState, chain_name, guard_state
 from ..resources.mp_rank import container_name as rank_container_name
 from ..resources.ray_node import container_name
 from ..text import size
-from ..nodes.weight_manifests import WEIGHT_SUFFIXES, weight_bytes, weight_differences
+from .artifact_checks import check_hub, check_image, check_space, check_weights
+from .findings import Finding, Reference, Status, could_not
+from .liveness import Lives
 
 GIB = 1 << 30
 # Another stack's ports: its slot (components/config/placement.py) moves every one of this stack's at once.
@@ -26,8 +30,8 @@ UNIFIED_UTILIZATION_LIMIT = 0.86
 # CUDA graph capture needs headroom beyond the KV cache; the seed's load was killed at 95 % without eager mode.
 EAGER_OFF_UTILIZATION_LIMIT = 0.80
 OVERHEAD_BYTES_PER_GPU = 4 * GIB  # CUDA context, activations and NCCL buffers: a rough estimate
-CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "loader", "weights", "disk", "memory",
-          "ports", "guard", "running")
+CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "loader", "hub", "weights", "space",
+          "disk", "memory", "ports", "guard", "running")
 # The package each load format imports (vLLM 0.33's model_loader/weight_utils.py), and how it gets into an image.
 LOADER_NEEDS = {
     "fastsafetensors": ("fastsafetensors", "pip install fastsafetensors"),
@@ -38,43 +42,35 @@ LOADER_NEEDS = {
 }
 
 
-class Status(StrEnum):
-    OK = "ok"
-    WARN = "warn"
-    FAIL = "fail"
-
-
-@dataclass(frozen=True)
-class Finding:
-    node: str
-    check: str
-    status: Status
-    reason: str
-    fix: str = ""
-
-
-# A node and its facts: the one that others are compared with.
-Reference = Optional[tuple[str, NodeFacts]]
-
-
 def ssh_target(node: NodeSpec) -> str:
     port = "" if node.ssh_port == 22 else f" -p {node.ssh_port}"
     return f"ssh {node.ssh_user}@{node.ssh_host}{port}" + (f" via {node.via}" if node.via else "")
 
 
-def evaluate(deployment: Deployment, by_node: dict[str, NodeFacts], lives: Lives) -> list[Finding]:
+def evaluate(deployment: Deployment, by_node: dict[str, NodeFacts], lives: Lives, hub: Optional[HubPlan] = None,
+             images: Optional[ImagePlan] = None) -> list[Finding]:
+    """Every node's findings; `hub` is the Hub download's plan (with `serve.hub`), `images` the image's (computed here
+    when not given)."""
     cluster = deployment.cluster
     findings = [check_ssh(node, by_node[node.name]) for node in cluster.nodes]
     reachable = {name: facts for name, facts in by_node.items() if facts.reachable}
-    ref_image = _reference(deployment, reachable, lambda facts: facts.image is not None and facts.image.present)
+    images = images if images is not None else image_plan.plan(deployment, reachable)
+    reference = reachable.get(images.reference) if images.reference else None
     ref_model = _reference(deployment, reachable, lambda facts: facts.model is not None and facts.model.exists)
     for node in (n for n in cluster.nodes if n.name in reachable):
         facts = reachable[node.name]
+        # A node that receives a copy will hold the reference's image: what is inside it is judged from there.
+        inside = facts
+        if images.action(node.name) is Action.COPY and reference is not None:
+            inside = dataclasses.replace(facts, image=reference.image)
         findings += [check_gpus(deployment, node, facts), check_fabric(deployment, node, facts, reachable),
-                     check_image(deployment, node, facts, ref_image), check_runtime(deployment, node, facts),
-                     check_architecture(deployment, node, facts), check_loader(deployment, node, facts),
-                     check_weights(deployment, node, facts, ref_model), check_disk(deployment, node, facts),
-                     check_memory(deployment, node, facts, ref_model)]
+                     check_image(deployment, node, facts, images, reference), check_runtime(deployment, node, inside),
+                     check_architecture(deployment, node, inside, hub), check_loader(deployment, node, inside),
+                     check_weights(deployment, node, facts, ref_model, hub, reachable.get(deployment.source.name)),
+                     check_space(deployment, node, facts, hub, images, reference),
+                     check_disk(deployment, node, facts), check_memory(deployment, node, facts, ref_model, hub)]
+        if hub is not None and node.name == deployment.source.name:
+            findings.append(check_hub(deployment, node, hub, _huggingface_hub(inside, reference)))
         if node.head:
             findings.append(check_ports(deployment, node, facts))
         if cluster.fabric_guard:
@@ -85,16 +81,23 @@ def evaluate(deployment: Deployment, by_node: dict[str, NodeFacts], lives: Lives
     return sorted(findings, key=lambda x: (nodes_order[x.node], order[x.check]))
 
 
-def _reference(deployment: Deployment, reachable: dict[str, NodeFacts], has) -> Reference:
-    """The node others are compared with: the head when it has the thing, else the first node that does."""
-    for node in sorted(deployment.cluster.nodes, key=lambda n: not n.head):
-        if node.name in reachable and has(reachable[node.name]):
-            return node.name, reachable[node.name]
+def _huggingface_hub(facts: NodeFacts, reference: Optional[NodeFacts]) -> Optional[str]:
+    """The huggingface_hub version in the image the download runs in, "" when it has none, None when unknown."""
+    for holder in (facts, reference):
+        inside = holder.image.inside if holder is not None and holder.image is not None else None
+        if inside is not None and inside.error is None:
+            return inside.huggingface_hub
     return None
 
 
-def _could_not(node: str, check: str, why: str, fix: str = "") -> Finding:
-    return Finding(node, check, Status.WARN, f"could not check: {why}", fix)
+def _reference(deployment: Deployment, reachable: dict[str, NodeFacts], has) -> Reference:
+    """The node others are compared with: the weights' source (the head, or the Hub download's node) when it has
+    the thing, else the first node that does."""
+    source = deployment.source.name
+    for node in sorted(deployment.cluster.nodes, key=lambda n: n.name != source):
+        if node.name in reachable and has(reachable[node.name]):
+            return node.name, reachable[node.name]
+    return None
 
 
 def check_ssh(node: NodeSpec, facts: NodeFacts) -> Finding:
@@ -104,7 +107,7 @@ def check_ssh(node: NodeSpec, facts: NodeFacts) -> Finding:
         return Finding(node.name, check, Status.FAIL, f"{target} {facts.ssh_error}; the other checks did not run there",
                        f"check the host, user and key in the cluster catalog{hop}")
     if facts.probe_error is not None:
-        return _could_not(node.name, check, f"{facts.probe_error}, so no check ran there",
+        return could_not(node.name, check, f"{facts.probe_error}, so no check ran there",
                           "install python3 on the node, or set spark-vllm:preflight.enabled to false")
     docker = facts.docker
     if docker.unavailable:
@@ -130,7 +133,7 @@ GPU_SOURCES = {GpuSource.NVIDIA_SMI: "nvidia-smi -L",
 def check_gpus(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
     gpus, want = facts.gpus, deployment.cluster.gpus_per_node
     if gpus.unavailable or gpus.source is None:
-        return _could_not(node.name, "gpus", gpus.unavailable or "no GPU facts",
+        return could_not(node.name, "gpus", gpus.unavailable or "no GPU facts",
                           "install the NVIDIA driver's nvidia-smi on the node")
     source = GPU_SOURCES[gpus.source]
     if gpus.error is not None:
@@ -157,7 +160,7 @@ def check_fabric(deployment: Deployment, node: NodeSpec, facts: NodeFacts, reach
     cluster = deployment.cluster
     fabric, iface, ip = facts.fabric, cluster.fabric_interface, node.fabric_ip
     if fabric.unavailable:
-        return _could_not(node.name, "fabric", fabric.unavailable, "install iproute2 on the node")
+        return could_not(node.name, "fabric", fabric.unavailable, "install iproute2 on the node")
     if not fabric.exists:
         return Finding(node.name, "fabric", Status.FAIL,
                        f"{iface} does not exist (interfaces: {', '.join(sorted(fabric.addrs))})",
@@ -203,36 +206,13 @@ def check_fabric(deployment: Deployment, node: NodeSpec, facts: NodeFacts, reach
     return Finding(node.name, "fabric", Status.OK, reason)
 
 
-def _short(image_id: str) -> str:
-    return image_id.split(":", 1)[-1][:12]
-
-
-def check_image(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: Reference) -> Finding:
-    image, name = facts.image, deployment.serve.image
-    if image is None:
-        return _could_not(node.name, "image", "Docker does not answer")
-    if image.unavailable:
-        return _could_not(node.name, "image", image.unavailable)
-    copy = (f"on {ref[0]}: docker save {name} | ssh {node.ssh_user}@{node.fabric_ip} docker load"
-            if ref and ref[0] != node.name else f"docker pull {name}")
-    if not image.present:
-        return Finding(node.name, "image", Status.FAIL, f"{name} is not on {node.name}", f"put it there: {copy}")
-    ref_image = ref[1].image if ref is not None else None
-    if ref is not None and ref_image is not None and image.id != ref_image.id:
-        return Finding(node.name, "image", Status.FAIL,
-                       f"{node.name} has {name} as {_short(image.id)}, {ref[0]} as {_short(ref_image.id)}",
-                       f"put the same build on every node: {copy}")
-    return Finding(node.name, "image", Status.OK, f"{name} is {_short(image.id)}" +
-                   (", the same on every node" if len(deployment.cluster.nodes) > 1 else ""))
-
-
 def check_runtime(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
     image = facts.image
     inside = image.inside if image is not None else None
     if image is None or inside is None:
         why = ("Docker does not answer" if image is None else image.unavailable if image.unavailable
                else "the image is not on the node")
-        return _could_not(node.name, "ray+vllm", why)
+        return could_not(node.name, "ray+vllm", why)
     if inside.error is not None:
         return Finding(node.name, "ray+vllm", Status.FAIL,
                        f"python3 does not run in {deployment.serve.image}: {inside.error}",
@@ -252,7 +232,7 @@ def check_runtime(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> F
         return Finding(node.name, "ray+vllm", Status.FAIL, "; ".join(p for p, _ in problems),
                        "; ".join(fix for _, fix in problems))
     if mp and inside.serve_nnodes is None:
-        return _could_not(node.name, "ray+vllm", f"`vllm serve --help` did not run in the image "
+        return could_not(node.name, "ray+vllm", f"`vllm serve --help` did not run in the image "
                                                  f"({inside.serve_help_error or 'no answer'})")
     if mp:
         return Finding(node.name, "ray+vllm", Status.OK, f"vllm {inside.vllm}, `serve` takes --nnodes (mp: no Ray "
@@ -260,27 +240,33 @@ def check_runtime(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> F
     return Finding(node.name, "ray+vllm", Status.OK, f"ray {inside.ray}, vllm {inside.vllm}")
 
 
-def check_architecture(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
+def check_architecture(deployment: Deployment, node: NodeSpec, facts: NodeFacts,
+                       hub: Optional[HubPlan] = None) -> Finding:
+    """The model's architectures, from its config.json (or, before a Hub download, the Hub's copy of it), against
+    the registry of the image's vLLM: refused here, before any restart or download."""
     model, path = facts.model, deployment.serve.model_path
     inside = facts.image.inside if facts.image is not None else None
     config_file = f"{path}/config.json"
+    hub_config = hub.config if hub is not None and hub.error is None else None
     if model is not None and model.unavailable:
-        return _could_not(node.name, "architecture", model.unavailable)
-    if model is None or not model.exists:
-        return _could_not(node.name, "architecture", f"{path} is not on the node")
-    if model.config is None:
+        return could_not(node.name, "architecture", model.unavailable)
+    if (model is None or not model.exists or model.config is None) and hub_config is not None:
+        archs, origin = hub_config.get("architectures") or [], "from the Hub's config.json, before the download"
+    elif model is None or not model.exists:
+        return could_not(node.name, "architecture", f"{path} is not on the node")
+    elif model.config is None:
         return Finding(node.name, "architecture", Status.FAIL, f"{config_file} is missing",
                        "copy the complete checkpoint, config.json included")
-    archs = model.config.get("architectures") or []
+    else:
+        archs, origin = model.config.get("architectures") or [], "from config.json"
     if not archs:
         return Finding(node.name, "architecture", Status.FAIL, f"{config_file} names no architectures",
                        "use a Hugging Face checkpoint whose config.json lists its architectures")
     if inside is None or inside.archs is None:
-        return _could_not(node.name, "architecture", "the image's vLLM registry could not be read")
+        return could_not(node.name, "architecture", "the image's vLLM registry could not be read")
     if not set(archs) & set(inside.archs):
         return Finding(node.name, "architecture", Status.FAIL,
-                       f"{', '.join(archs)} (from config.json) is not in the registry of the image's "
-                       f"vLLM {inside.vllm}",
+                       f"{', '.join(archs)} ({origin}) is not in the registry of the image's vLLM {inside.vllm}",
                        f"use an image whose vLLM supports {archs[0]}, or another model")
     return Finding(node.name, "architecture", Status.OK, f"{', '.join(archs)} is supported by vLLM {inside.vllm}")
 
@@ -291,9 +277,9 @@ def check_loader(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Fi
     fmt, image = deployment.serve.load_format, deployment.serve.image
     inside = facts.image.inside if facts.image is not None else None
     if inside is None or inside.error is not None or inside.vllm_error is not None:
-        return _could_not(node.name, "loader", "the image's vLLM did not start (see ray+vllm)")
+        return could_not(node.name, "loader", "the image's vLLM did not start (see ray+vllm)")
     if inside.load_formats is None:
-        return _could_not(node.name, "loader", f"vLLM {inside.vllm} does not list its load formats "
+        return could_not(node.name, "loader", f"vLLM {inside.vllm} does not list its load formats "
                                                f"({inside.load_formats_error})")
     if fmt not in inside.load_formats:
         return Finding(node.name, "loader", Status.FAIL, f"vLLM {inside.vllm} in {image} has no load format {fmt}",
@@ -303,7 +289,7 @@ def check_loader(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Fi
     package, install = LOADER_NEEDS[fmt]
     found = inside.loader_packages.get(package)
     if found is None:
-        return _could_not(node.name, "loader", f"the image was not asked for `{package}`")
+        return could_not(node.name, "loader", f"the image was not asked for `{package}`")
     if not found.installed:
         other = "fastsafetensors" if fmt != "fastsafetensors" and _imports(inside, "fastsafetensors") else "auto"
         return Finding(node.name, "loader", Status.FAIL,
@@ -326,90 +312,14 @@ def check_disk(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Find
     """The floor of a load on this node: its weights over its disk's read speed, past the page cache."""
     disk = facts.disk
     if disk is None:
-        return _could_not(node.name, "disk", f"{deployment.serve.model_path} is not on the node")
+        return could_not(node.name, "disk", f"{deployment.serve.model_path} is not on the node")
     if disk.unavailable:
-        return _could_not(node.name, "disk", disk.unavailable)
+        return could_not(node.name, "disk", disk.unavailable)
     weights, seconds = weight_bytes(facts.model), node_floor(facts)
     return Finding(node.name, "disk", Status.OK,
                    f"reads {disk.bytes_per_second / 1e9:.2f} GB/s past the page cache ({size(disk.bytes)} of "
                    f"{disk.file} in {disk.seconds:.2f} s), so loading its {size(weights or 0)} of weights takes at "
                    f"least {seconds or 0:.1f} s")
-
-
-def _some(names: list[str]) -> str:
-    shown = ", ".join(names[:3])
-    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-
-def check_weights(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: Reference) -> Finding:
-    model, path = facts.model, deployment.serve.model_path
-    if model is None:
-        return _could_not(node.name, "weights", "the probe listed no weights")
-    if model.unavailable:
-        return _could_not(node.name, "weights", model.unavailable, f"let {node.ssh_user} read {path}")
-    copy_from = None
-    if ref and ref[0] != node.name:
-        copy_from = (f"copy them from {ref[0]} over the fabric: on {ref[0]}, rsync -a --progress {path}/ "
-                     f"{node.ssh_user}@{node.fabric_ip}:{path}/")
-    head = deployment.cluster.head.name
-    syncs = deployment.preflight.sync_weights and ref is not None and ref[0] == head and ref[0] != node.name
-
-    def differs(reason: str, fix: Optional[str]) -> Finding:
-        """A difference the sync can repair is a warning when it is on, and a failure otherwise."""
-        if not syncs or ref is None:
-            return Finding(node.name, "weights", Status.FAIL, reason, fix or "")
-        lacking = [name for name, holder in ((head, ref[1]), (node.name, facts)) if holder.rsync is False]
-        if lacking:
-            return Finding(node.name, "weights", Status.FAIL,
-                           f"{reason}; spark-vllm:preflight.syncWeights cannot copy them: rsync is not installed on "
-                           f"{' and '.join(lacking)}",
-                           f"install rsync on {' and '.join(lacking)} (`sudo apt-get install rsync`)")
-        return Finding(node.name, "weights", Status.WARN,
-                       f"{reason}; will sync from {head} over the fabric (spark-vllm:preflight.syncWeights)")
-
-    if not model.exists:
-        if model.is_file:
-            return Finding(node.name, "weights", Status.FAIL, f"{path} is a file, not a folder on {node.name}",
-                           copy_from or f"put the model's weights at {path} on every node")
-        return differs(f"{path} is not there on {node.name}",
-                       copy_from or f"put the model's weights at {path} on every node")
-    files = dict(model.files)
-    weights = {name: n for name, n in files.items() if name.endswith(WEIGHT_SUFFIXES)}
-    if not weights:
-        return differs(f"{path} holds no *.safetensors, *.bin or *.pt files",
-                       copy_from or "copy the complete checkpoint")
-    summary = f"{len(weights)} weight file{'s' if len(weights) != 1 else ''}, {size(sum(weights.values()))}"
-    ref_model = ref[1].model if ref is not None and ref[0] != node.name else None
-    if ref is None or ref_model is None:
-        return Finding(node.name, "weights", Status.OK, summary + _hash_note(deployment, model, None))
-    theirs = dict(ref_model.files)
-    missing, differ, changed = weight_differences(model, ref_model, deployment.preflight.hash_weights)
-    extra = sorted(set(files) - set(theirs))
-    problems = []
-    if missing:
-        problems.append(f"{node.name} lacks {_some(missing)}")
-    problems += [f"{node.name}'s {name} is {size(files[name])}, {ref[0]}'s is {size(theirs[name])}"
-                 for name in differ[:3]]
-    if len(differ) > 3:
-        problems.append(f"{len(differ) - 3} more files differ in size")
-    if changed and (not problems or syncs):
-        problems.append(f"{node.name}'s {_some(changed)} differ{'s' if len(changed) == 1 else ''} "
-                        f"from {ref[0]}'s (SHA-256)")
-    if problems:
-        return differs("; ".join(problems), copy_from)
-    if extra:
-        return Finding(node.name, "weights", Status.WARN,
-                       f"{summary}: every file of {ref[0]}, the same size, and also {_some(extra)}"
-                       + _hash_note(deployment, model, ref[0]),
-                       f"remove what {ref[0]} does not have, so every node loads the same files")
-    return Finding(node.name, "weights", Status.OK,
-                   f"{summary}, the same names and sizes as {ref[0]}" + _hash_note(deployment, model, ref[0]))
-
-
-def _hash_note(deployment: Deployment, model: Model, ref: Optional[str]) -> str:
-    if not deployment.preflight.hash_weights:
-        return " (contents not hashed: spark-vllm:preflight.hashWeights is off)"
-    return f"; SHA-256 the same as {ref}'s" if ref else f"; {len(model.sha256)} SHA-256 sums taken"
 
 
 def kv_bytes_per_token(config: Mapping[str, Any]) -> Optional[int]:
@@ -423,20 +333,26 @@ def kv_bytes_per_token(config: Mapping[str, Any]) -> Optional[int]:
     return 2 * layers * heads * head_dim * 2
 
 
-def check_memory(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: Reference) -> Finding:
+def check_memory(deployment: Deployment, node: NodeSpec, facts: NodeFacts, ref: Reference,
+                 hub: Optional[HubPlan] = None) -> Finding:
     serve, cluster, memory = deployment.serve, deployment.cluster, facts.memory
     if memory.unavailable:
-        return _could_not(node.name, "memory", memory.unavailable)
+        return could_not(node.name, "memory", memory.unavailable)
     shared = _shared(deployment, node, facts)
     if shared is not None and shared.status is Status.FAIL:
         return shared
     model = ref[1].model if ref is not None else None
-    if model is None:
-        return _could_not(node.name, "memory", "no node has the weights, so their size is unknown")
+    total_weights, config = (weight_bytes(model), model.config) if model is not None else (None, None)
+    if hub is not None and hub.selection is not None:
+        # What the nodes hold once the download is done, as the Hub (or its record) lists the files.
+        total_weights = sum(f.size for f in hub.selection.fetched if f.path.endswith(WEIGHT_SUFFIXES))
+        config = config or hub.config
+    if not total_weights:
+        return could_not(node.name, "memory", "no node has the weights, so their size is unknown")
     world = serve.tensor_parallel * serve.pipeline_parallel
     share = cluster.gpus_per_node / world  # this node's part of the weights and of the KV cache
-    weights = (weight_bytes(model) or 0) * share
-    config = model.config or {}
+    weights = total_weights * share
+    config = config or {}
     max_len = serve.max_model_len or config.get("max_position_embeddings")
     per_token = kv_bytes_per_token(config)
     kv = per_token * max_len * share if per_token and isinstance(max_len, int) else 0
@@ -498,7 +414,7 @@ def _shared(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Optiona
 def check_ports(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Finding:
     ports, cluster = facts.ports, deployment.cluster
     if ports is None or ports.unavailable:
-        return _could_not(node.name, "ports", (ports.unavailable if ports else None) or "the probe listed no ports",
+        return could_not(node.name, "ports", (ports.unavailable if ports else None) or "the probe listed no ports",
                           "install iproute2 (ss) on the node")
     names = cluster.head_ports
     own_names = {name for n in cluster.nodes
@@ -577,7 +493,7 @@ def check_running(node: NodeSpec, facts: NodeFacts, lives: Lives) -> Finding:
     """What of the deployment runs here; what died since the last `up` is a warning, as `up` recreates it."""
     running = facts.running
     if running is None:
-        return _could_not(node.name, "running", "Docker does not answer")
+        return could_not(node.name, "running", "Docker does not answer")
     if running.unavailable:
         # Unknown is not dead: restarting everything on a hiccup would be worse than stopping here.
         return Finding(node.name, "running", Status.FAIL, f"could not read what runs: {running.unavailable}",

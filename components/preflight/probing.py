@@ -18,6 +18,7 @@ from ..remote import script
 from ..remote.keeper import STATE
 from ..text import last_line
 from ..resources.vllm_serve import ENV_FILE, LIFE_FILE, PID_FILE
+from ..resources.weights_download import RECORD
 from ..resources.watchdog import STATE_DIR, keeper_name
 
 MARK = "SPARK_VLLM_PREFLIGHT "
@@ -38,6 +39,8 @@ def probe_spec(deployment: Deployment, node: NodeSpec) -> dict:
             "gpuProbe": cluster.gpu_probe, "dockerGpus": cluster.docker_gpus, "hashWeights": preflight.hash_weights,
             "syncWeights": preflight.sync_weights, "stepTimeout": STEP_TIMEOUT_S, "imageTimeout": IMAGE_TIMEOUT_S,
             "running": running_spec(deployment, node),
+            "hubRecord": f"{deployment.serve.model_path}/{RECORD}" if deployment.serve.hub is not None
+            and node.name == deployment.source.name else None,
             "claims": {"stack": STACK_LABEL, "fraction": FRACTION_LABEL}}
 
 

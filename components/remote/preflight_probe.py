@@ -57,6 +57,12 @@ for name in %(packages)r:
         packages[name] = {"installed": True, "version": str(getattr(importlib.import_module(name), "__version__", ""))}
     except Exception as e:
         packages[name] = {"installed": True, "error": type(e).__name__ + ": " + str(e)}
+# The Hub download (serve.hub) runs in the image with its huggingface_hub.
+try:
+    import huggingface_hub
+    facts["huggingfaceHub"] = huggingface_hub.__version__
+except Exception:
+    facts["huggingfaceHub"] = ""
 # The mp executor across nodes needs a `vllm serve` that takes --nnodes. vLLM groups its help (--help=all lists
 # every flag); an argparse without groups takes only --help.
 import subprocess
@@ -108,8 +114,9 @@ def docker(spec):
     rc, out, err = sh(["docker", "version", "--format", "{{.Server.Version}}"], spec["stepTimeout"])
     if rc != 0:
         return {"error": error_line(err)}
-    rc, driver, err = sh(["docker", "info", "--format", "{{.Driver}}"], spec["stepTimeout"])
-    return {"server": out.strip(), "driver": driver.strip() if rc == 0 else f"unknown ({error_line(err)})"}
+    rc, info, err = sh(["docker", "info", "--format", "{{.Driver}} {{.DockerRootDir}}"], spec["stepTimeout"])
+    driver, _, root = info.strip().partition(" ")
+    return {"server": out.strip(), "driver": driver if rc == 0 else f"unknown ({error_line(err)})", "root": root}
 
 
 def gpus(spec, image_present):
@@ -157,14 +164,16 @@ def fabric(spec):
 
 
 def image(spec):
-    rc, out, err = sh(["docker", "image", "inspect", "--format", "{{.Id}}", spec["image"]], spec["stepTimeout"])
+    rc, out, err = sh(["docker", "image", "inspect", "--format", "{{.Id}} {{.Size}}", spec["image"]],
+                      spec["stepTimeout"])
     if rc != 0:
         if "no such image" in err.lower():
             return {"present": False}
         raise Unavailable(f"`docker image inspect` failed: {error_line(err)}")
-    facts = {"present": True, "id": out.strip()}
+    image_id, _, size = out.strip().partition(" ")
+    facts = {"present": True, "id": image_id, "size": int(size) if size.isdigit() else None}
     # An image id names its contents, so what is inside is read once per id: importing vLLM takes a while.
-    cache = os.path.join(CACHE_DIR, "inside3-" + facts["id"].replace("sha256:", "") + ".json")
+    cache = os.path.join(CACHE_DIR, "inside4-" + facts["id"].replace("sha256:", "") + ".json")
     kept = cached(cache)
     if kept is not None:
         facts["inside"] = kept
@@ -205,18 +214,33 @@ def _raise(error):
 
 
 def model(spec):
+    """The weights folder: its files with their sizes (a link's target's), the links that lead nowhere, the folder
+    that holds the weights and every place their links lead (what a container must mount), and the last Hub
+    download's record."""
     root = spec["modelPath"]
     if not os.path.isdir(root):
         return {"exists": False, "isFile": os.path.exists(root)}
-    files = []
+    files, dangling, reached, links = [], [], [root], 0
     for folder, dirs, names in os.walk(root, onerror=_raise):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in names:
-            if not name.startswith("."):
-                path = os.path.join(folder, name)
-                files.append([os.path.relpath(path, root), os.stat(path).st_size])
+            if name.startswith("."):
+                continue
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                links += 1
+                hops = link_chain(path)
+                reached += hops
+                if not os.path.exists(path):
+                    dangling.append([os.path.relpath(path, root), os.readlink(path)])
+                    continue
+            files.append([os.path.relpath(path, root), os.stat(path).st_size])
     files.sort()
-    facts = {"exists": True, "files": files}
+    facts = {"exists": True, "files": files, "links": links, "dangling": sorted(dangling),
+             "mountRoot": os.path.commonpath(reached)}
+    record = read_record(spec.get("hubRecord"))
+    if record is not None:
+        facts["hub"] = record
     config_path = os.path.join(root, "config.json")
     if os.path.isfile(config_path):
         with open(config_path) as f:
@@ -227,6 +251,48 @@ def model(spec):
     if spec["hashWeights"]:
         facts["sha256"] = {name: sha256(os.path.join(root, name)) for name, _ in files
                            if name.endswith(WEIGHT_SUFFIXES)}
+    return facts
+
+
+def link_chain(path):
+    """Every place a link leads, hop by hop, spelled as a process sees them where the folder is mounted at the same
+    path (relative links resolved from the link's folder, without resolving the folders' own links)."""
+    hops = []
+    for _ in range(40):  # the kernel's own limit on links followed
+        if not os.path.islink(path):
+            break
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+        hops.append(path)
+    return hops
+
+
+def read_record(path):
+    """The Hub download's record beside the weights (components/remote/hub_download.py), or None."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        return {k: record[k] for k in ("repo", "revision", "commit", "files", "complete")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def space(spec, docker_root):
+    """Free bytes where the weights go (the model path, or its nearest existing parent) and where Docker keeps its
+    images (or the nearest folder this user may read)."""
+    def free(path):
+        while True:
+            try:
+                st = os.statvfs(path)
+                return path, st.f_bavail * st.f_frsize
+            except OSError:
+                if path == "/":
+                    raise
+                path = os.path.dirname(path)
+    facts = dict(zip(("weightsMount", "weightsFree"), free(spec["modelPath"])))
+    if docker_root:
+        facts.update(zip(("dockerRoot", "dockerFree"), free(docker_root)))
     return facts
 
 
@@ -512,6 +578,7 @@ def main():
     if docker_ok:
         facts["running"] = gather("running", running, spec)
         facts["claims"] = gather("claims", claims, spec)
+    facts["space"] = gather("space", space, spec, facts["docker"].get("root", ""))
     facts["timings"] = TIMINGS
     print(MARK + json.dumps(facts))
 

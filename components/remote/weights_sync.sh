@@ -1,9 +1,11 @@
-# Copies the weights a worker lacks, or holds in another size (or, by checksum, other contents), from the head
-# to that worker over the fabric, with rsync over ssh (spark-vllm:preflight.syncWeights). Runs on the head, sent
-# over SSH on stdin. The SSH key arrives base64-encoded in this text (no key can end it early), never on a
-# command line; it lives in a 0600 file in a private temp folder that is removed on exit.
-# Arguments: head worker fabric_ip path timeout_s rsync-argv... (components/nodes/node_runner.py's rsync_argv, whose ssh
-# reads the key and known_hosts from $SPARK_VLLM_SSH_DIR)
+# Copies the weights a node lacks, or holds in another size (or, by checksum, other contents), from the node that
+# has them (the head, or the Hub download's node) to that node over the fabric, with rsync over ssh
+# (spark-vllm:preflight.syncWeights); then checks with a dry run that the node holds every file of the source in its
+# size, and fails naming the files otherwise. Runs on the source, sent over SSH on stdin. The SSH key arrives
+# base64-encoded in this text (no key can end it early), never on a command line; it lives in a 0600 file in a
+# private temp folder that is removed on exit.
+# Arguments: source target fabric_ip path timeout_s rsync-argv... (components/nodes/node_runner.py's rsync_argv,
+# whose ssh reads the key and known_hosts from $SPARK_VLLM_SSH_DIR)
 set -u
 head=$1 worker=$2 ip=$3 path=$4 limit=$5
 shift 5
@@ -64,6 +66,26 @@ case $rc in
     echo "spark-vllm: rsync from $head to $worker ($ip) failed with status $rc; its messages are above" >&2
     exit 1 ;;
 esac
+# What the copy left, by names and sizes (links followed, as the copy follows them): the same rsync as a dry run names
+# every file it would still send. By size even after --checksum, which would read every byte again on both nodes.
+count=$#
+for arg; do
+  [ "$arg" = --checksum ] && arg=--size-only
+  set -- "$@" "$arg"
+done
+shift "$count"
+left=$(timeout -k 10 "$limit" "$rsync" --dry-run --out-format='SPARK_VLLM_LEFT %n' "$@" </dev/null 2>&1)
+rc=$?
+if [ $rc -ne 0 ]; then
+  printf '%s\n' "$left" >&2
+  echo "spark-vllm: the check of $worker's weights against $head's failed with status $rc; its messages are above" >&2
+  exit 1
+fi
+short=$(printf '%s\n' "$left" | sed -n 's/^SPARK_VLLM_LEFT //p' | grep -v '/$' | head -5 | paste -sd, - | sed 's/,/, /g')
+if [ -n "$short" ]; then
+  echo "spark-vllm: after the sync, $worker still lacks or holds in another size: $short; run pulumi up again" >&2
+  exit 1
+fi
 awk -v s="$start" -v e="$end" -v files="$files" -v bytes="$bytes" -v head="$head" -v worker="$worker" -v by="$by" \
   "$human"' BEGIN {
   t = e - s; if (t < 0.001) t = 0.001

@@ -62,9 +62,11 @@ def container_env(cluster: ClusterSpec, node: NodeSpec, pinned=pinned_env) -> li
     return [f"{key}={value}" for key, value in sorted(env.items())]
 
 
-def runtime_settings(cluster: ClusterSpec, serve: ServeSpec) -> dict:
+def runtime_settings(cluster: ClusterSpec, serve: ServeSpec, weights_root: Optional[str] = None) -> dict:
     """The `docker.Container` settings every engine container shares (Ray's and mp's ranks): host network and
-    IPC, shm, GPUs, RDMA, ulimits, the weights read-only and the HF cache."""
+    IPC, shm, GPUs, RDMA, ulimits, the weights read-only (their folder, or `weights_root`, a folder that also holds
+    what their links lead to) and the HF cache."""
+    root = weights_root or serve.model_path
     return dict(
         network_mode="host",
         ipc_mode="host",
@@ -77,8 +79,7 @@ def runtime_settings(cluster: ClusterSpec, serve: ServeSpec) -> dict:
         capabilities=docker.ContainerCapabilitiesArgs(adds=["CAP_IPC_LOCK"]) if cluster.rdma else None,
         ulimits=[docker.ContainerUlimitArgs(name=name, soft=limit, hard=limit)
                  for name, limit in sorted(cluster.ulimits.items())],
-        mounts=[docker.ContainerMountArgs(type="bind", source=serve.model_path, target=serve.model_path,
-                                          read_only=True),
+        mounts=[docker.ContainerMountArgs(type="bind", source=root, target=root, read_only=True),
                 docker.ContainerMountArgs(type="bind", source=cluster.hf_cache, target=HF_CACHE_IN_CONTAINER)],
         # A rebooted node leaves this down; `pulumi up --refresh` sees it stopped and replaces it.
         restart="no",
@@ -127,7 +128,8 @@ class RayNodeArgs:
     spark: SparkNode
     head: Optional["RayNode"] = None  # set for workers: ties them to one head
     guard: Optional[pulumi.Resource] = None  # the node's fabric guard: its rules go in before Ray opens a port
-    weights_synced: Optional[pulumi.Resource] = None  # the node's weights sync: the weights are in place first
+    weights_synced: Optional[pulumi.Resource] = None  # the node's sync or download: its weights are in place first
+    weights_root: Optional[str] = None  # what it mounts for the weights, when not their folder (runtime_settings)
     life: Optional[str] = None  # its life token (components/preflight/liveness.py): a new one recreates it
 
 
@@ -144,7 +146,7 @@ class RayNode(pulumi.ComponentResource):
         labels = node_labels(args.stack, node, args.head.container_id if args.head else None,
                              *life_labels(args.life))
         self.container_name = container_name(args.stack, node)
-        settings = runtime_settings(cluster, args.serve)
+        settings = runtime_settings(cluster, args.serve, args.weights_root)
         if node.head:
             # The serve's log on the node's volume, so that it outlives the container (rotated by serve_start.sh).
             settings["mounts"] = [*settings["mounts"], docker.ContainerMountArgs(

@@ -13,6 +13,17 @@ from ..config.spec import NodeSpec, SshSpec
 from ..nodes.node_runner import ensure_control_dir, provider_ssh_opts
 
 
+def connection(node: NodeSpec, jump: Optional[NodeSpec],
+               private_key: Optional[pulumi.Input[str]]) -> command.remote.ConnectionArgs:
+    """How a remote command reaches `node`: through `jump` when it is set, with the cluster's key (a secret)."""
+    proxy = None
+    if jump is not None:
+        proxy = command.remote.ProxyConnectionArgs(host=jump.ssh_host, port=jump.ssh_port, user=jump.ssh_user,
+                                                   private_key=private_key)
+    return command.remote.ConnectionArgs(host=node.ssh_host, port=node.ssh_port, user=node.ssh_user,
+                                         private_key=private_key, proxy=proxy)
+
+
 @dataclass
 class SparkNodeArgs:
     node: NodeSpec
@@ -20,7 +31,8 @@ class SparkNodeArgs:
     image: str
     jump: Optional[NodeSpec] = None  # the node to hop through, when `node.via` is set
     private_key: Optional[pulumi.Input[str]] = None  # a secret; None uses the ssh agent
-    image_found: Optional[str] = None  # the image's id on the node as preflight found it; None: not checked
+    image_found: Optional[str] = None  # the id the node holds, or will once its image arrives; None: not known
+    image_ready: Optional[pulumi.CustomResource] = None  # what brings the image to the node (image_transfer.py)
 
 
 class SparkNode(pulumi.ComponentResource):
@@ -28,6 +40,7 @@ class SparkNode(pulumi.ComponentResource):
 
     provider: docker.Provider
     connection: command.remote.ConnectionArgs
+    image: docker.RemoteImage
     image_id: pulumi.Output[str]
 
     def __init__(self, name: str, args: SparkNodeArgs, opts: Optional[pulumi.ResourceOptions] = None):
@@ -39,16 +52,16 @@ class SparkNode(pulumi.ComponentResource):
         self.provider = docker.Provider(f"{name}-docker", host=self.host,
                                         ssh_opts=provider_ssh_opts(args.ssh, jump),
                                         opts=pulumi.ResourceOptions(parent=self))
-        proxy = None
-        if jump is not None:
-            proxy = command.remote.ProxyConnectionArgs(host=jump.ssh_host, port=jump.ssh_port, user=jump.ssh_user,
-                                                       private_key=args.private_key)
-        self.connection = command.remote.ConnectionArgs(host=node.ssh_host, port=node.ssh_port, user=node.ssh_user,
-                                                        private_key=args.private_key, proxy=proxy)
+        self.connection = connection(node, jump, args.private_key)
         # Its id, not its tag, feeds the containers: a new image under the same tag replaces them. pulumi-docker
-        # reads the id again only on refresh, so the id preflight just read on the node comes first.
+        # reads the id again only on refresh, so the id preflight just read on the node comes first. It is read
+        # again once the image arrives: after the node's copy or pull, which it follows.
+        ready = args.image_ready
         image = docker.RemoteImage(f"{name}-image", name=args.image, keep_locally=True,
-                                   opts=pulumi.ResourceOptions(parent=self, provider=self.provider))
+                                   opts=pulumi.ResourceOptions(parent=self, provider=self.provider,
+                                                               depends_on=[ready] if ready else None,
+                                                               replacement_trigger=ready.id if ready else None))
+        self.image = image
         found = args.image_found
         self.image_id = image.image_id.apply(lambda stored: found or stored)  # still after the image resource
         self.register_outputs({"host": self.host, "imageId": self.image_id})

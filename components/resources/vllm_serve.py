@@ -96,6 +96,7 @@ class VllmServeArgs:
     sparks: Mapping[str, SparkNode]
     load_s: int  # the longest a load may take (the serve gate's bound): how long a turn is held or waited for
     life: Optional[str] = None  # its life token (components/preflight/liveness.py): a new one restarts it
+    weights: Optional[str] = None  # the commit of a Hub download's weights: a new one restarts it
     after: tuple = ()  # what must exist before it starts: the stack's memory claims
 
 
@@ -110,11 +111,12 @@ class VllmServe(pulumi.ComponentResource):
         stdin = pulumi.Output.all(*(args.secrets[k] for k in keys)).apply(
             lambda values: start_script(dict(zip(keys, values))))
         life = [args.life] if args.life else []
+        weights = [f"weights {args.weights}"] if args.weights else []
         create = shlex.join(["docker", "exec", "-i", args.head_container, "sh", "-s", "--",
                              *(f"--life={token}" for token in life), *serve_argv(args.serve, args.cluster)])
         # What replaces the serve replaces these too; the secrets enter only as a digest, itself a secret.
         digest = stdin.apply(lambda text: hashlib.sha256(text.encode()).hexdigest()[:16])
-        triggers = [args.cluster_ready_id, create, digest]
+        triggers = [args.cluster_ready_id, create, digest, *weights]
         turns = load_turns(name, self, args.stack, args.cluster, args.sparks, triggers, args.load_s, args.after)
         nodes = {node: spark.connection for node, spark in args.sparks.items()}
         drops = page_cache_drops(name, self, nodes, triggers, turns) if args.serve.drop_page_cache else []
@@ -124,7 +126,7 @@ class VllmServe(pulumi.ComponentResource):
             create=create,
             delete=stop_command(args.head_container),
             stdin=stdin,
-            triggers=[args.cluster_ready_id, *life],
+            triggers=[args.cluster_ready_id, *life, *weights],
             add_previous_output_in_env=False,
             # A fixed port and pid file: the old process must be gone before the new one starts.
             opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"], delete_before_replace=True,

@@ -3,12 +3,14 @@ the outputs, wired from the validated deployment."""
 
 import hashlib
 import json
+from typing import Mapping
 
 import pulumi
 
 from .. import preflight
-from ..config import spec
+from ..config import pulumi_config, spec
 from ..config.spec import Deployment
+from ..nodes.node_facts import NodeFacts
 from ..nodes import load_floor, weight_manifests
 from ..resources.fabric_guard import FabricGuard, FabricGuardArgs
 from ..resources.gate import Gate, GateArgs
@@ -17,29 +19,63 @@ from ..resources.load_turn import load_turns
 from ..resources.memory_claim import MemoryClaim, MemoryClaimArgs
 from ..resources.mp_rank import MpRank, MpRankArgs, ranks_digest
 from ..resources.ray_node import RayNode, RayNodeArgs
-from ..resources.spark_node import SparkNode, SparkNodeArgs
+from ..resources.image_transfer import ImageTransfer, ImageTransferArgs
+from ..resources.spark_node import SparkNode, SparkNodeArgs, connection
 from ..resources.vllm_serve import VllmServe, VllmServeArgs, page_cache_drops
 from ..resources.watchdog import Watchdog, WatchdogArgs
+from ..resources.weights_download import WeightsDownload, WeightsDownloadArgs
 from ..resources.weights_sync import WeightsSync, WeightsSyncArgs
 
 # The gates were two component types before they were one: the aliases keep existing stacks' gates in place.
 SERVE_READY_ALIAS = pulumi.ResourceOptions(aliases=[pulumi.Alias(type_="spark-vllm:index:ServeReady")])
 
 
+def weights_root(deployment: Deployment, facts: Mapping[str, NodeFacts], node: str) -> str:
+    """What the node's containers mount for the weights: their folder, or the folder that also holds whatever their
+    links lead to (a Hugging Face cache snapshot's links lead to ../../blobs), as preflight found it."""
+    model = facts[node].model if node in facts else None
+    root = model.mount_root if model is not None and model.exists and not model.unavailable else None
+    return root or deployment.serve.model_path
+
+
 def wire(deployment: Deployment) -> None:
-    checked = preflight.run(deployment)  # before any resource: a failed check leaves the stack as it was
-    facts, lives = checked.facts, checked.lives
     cluster, serve = deployment.cluster, deployment.serve
     stack_config = pulumi.Config(spec.NAMESPACE)
+    secret = {key: stack_config.require_secret(key) for key in (*deployment.secrets, *(
+        [spec.REGISTRY_SECRET] if deployment.images.registry_password else []))}
+    hf_token = pulumi_config.secret_value("hfToken") if "hfToken" in deployment.secrets and serve.hub else None
+    checked = preflight.run(deployment, hf_token)  # before any resource: a failed check leaves the stack as it was
+    facts, lives = checked.facts, checked.lives
     private_key = pulumi.Output.secret(deployment.ssh_private_key) if deployment.ssh_private_key else None
 
+    # The artifacts first: the image on every node, then the weights from the Hub on one node, then on the others.
+    connections = {node.name: connection(node, cluster.node(node.via) if node.via else None, private_key)
+                   for node in cluster.nodes}
+    transfer = ImageTransfer("image-transfer", ImageTransferArgs(
+        deployment=deployment, plan=checked.images, connections=connections, private_key=private_key,
+        registry_password=secret.get(spec.REGISTRY_SECRET))) if checked.images.nodes else None
+    image_ready = transfer.ready if transfer else {}
     sparks = {
         node.name: SparkNode(node.name, SparkNodeArgs(node=node, ssh=cluster.ssh, image=serve.image,
                                                       jump=cluster.node(node.via) if node.via else None,
                                                       private_key=private_key,
-                                                      image_found=preflight.image_found(facts, node)))
+                                                      image_found=preflight.image_found(checked, node),
+                                                      image_ready=image_ready.get(node.name)))
         for node in cluster.nodes
     }
+    source = deployment.source
+    download = WeightsDownload("weights-download", WeightsDownloadArgs(
+        deployment=deployment, plan=checked.hub, connection=connections[source.name],
+        after=[sparks[source.name].image], token=secret.get("hfToken"))) if checked.hub else None
+    sync = WeightsSync("weights-sync", WeightsSyncArgs(
+        cluster=cluster, serve=serve, preflight=deployment.preflight, facts=facts, source=source,
+        connection=connections[source.name], private_key=private_key, hub=checked.hub,
+        after=download.done if download else None)) if deployment.preflight.sync_weights else None
+    # What each node's engine waits for: its weights, synced there, or downloaded there; and what its containers
+    # mount: the weights' folder, or the folder that also holds what its links point to (a Hugging Face cache).
+    weights_ready = {**({source.name: download.done} if download else {}), **(sync.synced if sync else {})}
+    roots = {node.name: weights_root(deployment, facts, node.name) for node in cluster.nodes}
+    version = checked.hub.commit if checked.hub else None  # a new commit is new weights: the serve loads again
     guards = {
         node.name: FabricGuard(f"fabric-guard-{node.name}", FabricGuardArgs(
             stack=deployment.stack, cluster=cluster, node=node, connection=sparks[node.name].connection,
@@ -51,19 +87,18 @@ def wire(deployment: Deployment) -> None:
         stack=deployment.stack, fraction=serve.gpu_memory_utilization, connection=sparks[node.name].connection))
         for node in cluster.nodes]
     head_spark = sparks[cluster.head.name]
-    sync = WeightsSync("weights-sync", WeightsSyncArgs(
-        cluster=cluster, serve=serve, preflight=deployment.preflight, facts=facts, connection=head_spark.connection,
-        private_key=private_key)) if deployment.preflight.sync_weights else None
     def ray_engine():
         """Ray: a `ray start` container a node, Ray's own gate, then `vllm serve` in the head's container."""
         head = RayNode("ray-head", RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head,
                                                spark=head_spark, guard=guards.get(cluster.head.name),
+                                               weights_synced=weights_ready.get(cluster.head.name),
+                                               weights_root=roots[cluster.head.name],
                                                life=lives.engine(cluster.head.name)))
         workers = {
             node.name: RayNode(f"ray-worker-{node.name}",
                                RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=node,
                                            spark=sparks[node.name], head=head, guard=guards.get(node.name),
-                                           weights_synced=sync.synced[node.name] if sync else None,
+                                           weights_synced=weights_ready.get(node.name), weights_root=roots[node.name],
                                            life=lives.engine(node.name)))
             for node in cluster.workers
         }
@@ -75,8 +110,8 @@ def wire(deployment: Deployment) -> None:
         serve_process = VllmServe("vllm-serve", VllmServeArgs(
             stack=deployment.stack, cluster=cluster, serve=serve, connection=head_spark.connection,
             head_container=head.container_name, cluster_ready_id=cluster_ready.ready_id,
-            secrets={key: stack_config.require_secret(key) for key in deployment.secrets},
-            sparks=sparks, load_s=deployment.serve_ready_timeout_s, life=lives.serve.token, after=tuple(claims)))
+            secrets={key: secret[key] for key in deployment.secrets}, sparks=sparks,
+            load_s=deployment.serve_ready_timeout_s, life=lives.serve.token, weights=version, after=tuple(claims)))
         serve_ready = Gate("serve-ready", GateArgs(
             connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
             args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],
@@ -88,11 +123,12 @@ def wire(deployment: Deployment) -> None:
     def mp_engine():
         """mp: a `vllm serve --node-rank k` container a node, every rank restarting together; a gate a node (its rank
         reaches the master), then the serve gate on the head, run on the node beside rank 0."""
-        secrets = {key: stack_config.require_secret(key) for key in deployment.secrets}
+        secrets = {key: secret[key] for key in deployment.secrets}
         keys = sorted(secrets)
-        # Every rank's settings, the images and the secrets: a change of any restarts all ranks together.
+        # Every rank's settings, the images, the weights' commit and the secrets: a change of any restarts all ranks.
         digest = pulumi.Output.all(*(s.image_id for s in sparks.values()), *(secrets[k] for k in keys)).apply(
-            lambda values: hashlib.sha256(json.dumps([ranks_digest(cluster, serve), values]).encode()).hexdigest()[:16])
+            lambda values: hashlib.sha256(json.dumps([ranks_digest(cluster, serve, roots), version, values]).encode())
+            .hexdigest()[:16])
         # One stack loads on a node at a time (docs/placement.md): each node's turn first, then its cache drop.
         life = [lives.serve.token] if lives.serve.token else []  # a dead group's new ranks load again
         turns = load_turns("mp-serve", None, deployment.stack, cluster, sparks, [digest, *life],
@@ -101,11 +137,14 @@ def wire(deployment: Deployment) -> None:
                                  [digest], turns) if serve.drop_page_cache else []
         head = MpRank(f"vllm-rank-{cluster.head.name}", MpRankArgs(
             stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head, spark=head_spark, digest=digest,
-            secrets=secrets, depends_on=(guards.get(cluster.head.name), *turns, *drops), life=lives.serve.token))
+            secrets=secrets, weights_root=roots[cluster.head.name],
+            depends_on=(guards.get(cluster.head.name), weights_ready.get(cluster.head.name), *turns, *drops),
+            life=lives.serve.token))
         ranks = {cluster.head.name: head, **{
             node.name: MpRank(f"vllm-rank-{node.name}", MpRankArgs(
                 stack=deployment.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name], digest=digest,
-                head=head, depends_on=(guards.get(node.name), sync.synced[node.name] if sync else None, *turns, *drops),
+                head=head, weights_root=roots[node.name],
+                depends_on=(guards.get(node.name), weights_ready.get(node.name), *turns, *drops),
                 life=lives.serve.token))
             for node in cluster.workers}}
         ids = [rank.container_id for rank in ranks.values()]
@@ -143,7 +182,9 @@ def wire(deployment: Deployment) -> None:
         lambda _: f"http://{cluster.endpoint_host}:{cluster.api_port}/v1"))
     pulumi.export("servedModel", serve.served_name)
     if "apiKey" in deployment.secrets:  # what a gateway's route to this model sends (docs/gateway.md); a secret
-        pulumi.export("apiKey", stack_config.require_secret("apiKey"))
+        pulumi.export("apiKey", secret["apiKey"])
+    if checked.hub is not None:
+        pulumi.export("weights", {"repo": serve.hub.repo if serve.hub else None, "commit": checked.hub.commit})
     pulumi.export("fabricIps", {node.name: node.fabric_ip for node in cluster.nodes})
     pulumi.export("nodes", [node.name for node in cluster.nodes])  # the stack's, its head first
     # The ports its head opens, by config key (its `portSlot` moves them): what another stack on the node must not take.

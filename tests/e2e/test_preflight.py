@@ -101,7 +101,7 @@ def test_a_missing_shard_on_node2_stops_preview_and_up_before_anything_is_create
     assert preview.returncode != 0
     assert not_ok(preview) == {("node2", "weights"): (
         "FAIL", "node2 lacks model-00003-of-00004.safetensors. Fix: copy them from node1 over the fabric: on node1, "
-                "rsync -a --progress /models/pf-tiny/ root@10.87.200.12:/models/pf-tiny/")}
+                "rsync -a --copy-links --progress /models/pf-tiny/ root@10.87.200.12:/models/pf-tiny/")}
     assert "1 failed, 0 warnings; nothing was deployed or changed." in preview.output
     assert "Traceback" not in preview.output
     up = pf.up(check=False)

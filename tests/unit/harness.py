@@ -42,6 +42,7 @@ class Registration:
     parent: str
     ignore_changes: list[str] = field(default_factory=list)
     replace_with: list[str] = field(default_factory=list)
+    replacement_trigger: Any = None  # as JSON; None when not set
 
     def replace_key(self) -> str:
         """What the engine compares to decide on a replacement (the model this test suite checks)."""
@@ -115,7 +116,9 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
                 inputs=json_format.MessageToDict(request.object), provider=request.provider,
                 dependencies=list(request.dependencies), delete_before_replace=request.deleteBeforeReplace,
                 replace_on_changes=list(request.replaceOnChanges), parent=request.parent,
-                ignore_changes=list(request.ignoreChanges), replace_with=list(request.replace_with))
+                ignore_changes=list(request.ignoreChanges), replace_with=list(request.replace_with),
+                replacement_trigger=json_format.MessageToDict(request.replacement_trigger)
+                if request.HasField("replacement_trigger") else None)
         return response
 
 

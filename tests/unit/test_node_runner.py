@@ -128,7 +128,8 @@ def test_run_is_bounded_retries_included(cluster, fake_ssh, monkeypatch):
 def test_the_hop_between_nodes_reads_its_key_from_the_scripts_folder(cluster):
     argv = node_runner.rsync_argv("/models/a b", cluster.node("spark2"), "192.168.200.2", checksum=True,
                                   with_key=True)
-    assert argv == ["rsync", "-a", "--checksum", "--rsync-path=mkdir -p '/models/a b' && rsync", "-e",
+    assert argv == ["rsync", "-a", "--copy-links", "--exclude=/.*", "--checksum",
+                    "--rsync-path=mkdir -p '/models/a b' && rsync", "-e",
                     "ssh -o BatchMode=yes -o ConnectTimeout=15 -o ServerAliveInterval=15 -o LogLevel=ERROR "
                     "-o StrictHostKeyChecking=accept-new -o UserKnownHostsFile=${SPARK_VLLM_SSH_DIR}/known_hosts "
                     "-o IdentitiesOnly=yes -o IdentityFile=${SPARK_VLLM_SSH_DIR}/key -p 22",

@@ -67,7 +67,7 @@ def healthy() -> dict:
         facts[name] = {
             "seconds": 1.2,
             "docker": {"server": "28.0.1", "driver": "overlay2"},
-            "image": {"present": True, "id": IMAGE_ID, "inside": {
+            "image": {"present": True, "id": IMAGE_ID, "size": 20 * GIB, "inside": {
                 "ray": "2.60.0", "vllm": "0.11.0", "archs": ARCHS, "loadFormats": list(LOAD_FORMATS),
                 "loaderPackages": {"fastsafetensors": {"installed": True, "version": "0.1.15"},
                                    "instanttensor": {"installed": False}, "runai_model_streamer": {"installed": False},
@@ -82,6 +82,8 @@ def healthy() -> dict:
             "memory": {"totalKib": 128 * 1024 * 1024},
             "guard": {"hooked": ["svl-test-0f042094"]},
             "running": {"containers": {}},  # nothing deployed yet
+            "space": {"weightsFree": 500 * GIB, "weightsMount": "/models", "dockerFree": 400 * GIB,
+                      "dockerRoot": "/var/lib/docker"},
         }
     facts["spark1"]["ports"] = {"6379": {"free": True}, "8265": {"free": True}, "8000": {"free": True},
                                 "29511": {"free": True}}
@@ -106,7 +108,8 @@ def test_a_healthy_cluster_passes_every_check_on_every_node(tmp_path):
     d = deployment(tmp_path)
     table = judged(d, healthy())
     assert all(f.status == "ok" for f in table.values()), [f for f in table.values() if f.status != "ok"]
-    assert set(table) == {(n, c) for n in FABRIC for c in CHECKS if c != "ports"} | {("spark1", "ports")}
+    # The hub row belongs to a model from the Hub (test_hub_preflight.py).
+    assert set(table) == {(n, c) for n in FABRIC for c in CHECKS if c not in ("ports", "hub")} | {("spark1", "ports")}
     assert table[("spark2", "ssh+docker")].reason == \
         "ssh nvidia@192.168.200.2 via spark1; Docker 28.0.1, storage driver overlay2; probe took 1.2 s"
     assert table[("spark1", "gpus")].reason == "1 GPU (NVIDIA GB10) from nvidia-smi -L"
@@ -120,6 +123,7 @@ def test_a_healthy_cluster_passes_every_check_on_every_node(tmp_path):
     assert table[("spark3", "weights")].reason == ("3 weight files, 18.0 GiB, the same names and sizes as spark1 "
                                                    "(contents not hashed: spark-vllm:preflight.hashWeights is off)")
     assert table[("spark2", "memory")].reason == (f"needs about 10.7 GiB ({NEED}) of 108.8 GiB (0.85 x 128.0 GiB)")
+    assert table[("spark2", "space")].reason == "500.0 GiB free at /models; nothing is to arrive"
     assert table[("spark1", "ports")].reason == ("6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; "
                                                  "29511 (watchdog) free")
     assert table[("spark1", "running")].reason == ("spark-vllm-test-ray-head is not on spark1: up creates it; "
@@ -329,23 +333,33 @@ def test_fabric_without_ip_tools_could_not_be_checked(tmp_path):
 
 # ---- image ----
 
-def test_an_image_missing_on_a_worker_fails_with_the_copy_command(tmp_path):
+COPIES = "up copies spark1's (ab12ab12ab12, 20.0 GiB) over the fabric before anything starts here"
+
+
+def test_an_image_missing_on_a_worker_is_copied_from_the_head(tmp_path):
     d, facts = deployment(tmp_path), healthy()
     facts["spark3"]["image"] = {"present": False}
-    assert one(d, facts, "spark3", "image") == (
-        "fail", "vllm:a is not on spark3",
-        "put it there: on spark1: docker save vllm:a | ssh nvidia@192.168.200.3 docker load")
-    assert one(d, facts, "spark3", "ray+vllm") == ("warn", "could not check: the image is not on the node", "")
-    assert one(d, facts, "spark3", "architecture") == (
-        "warn", "could not check: the image's vLLM registry could not be read", "")
+    assert one(d, facts, "spark3", "image") == ("warn", f"spark3 lacks vllm:a; {COPIES}", "")
+    # What is inside is the head's image, which spark3 will hold: judged from there.
+    assert one(d, facts, "spark3", "ray+vllm") == ("ok", "ray 2.60.0, vllm 0.11.0", "")
+    assert one(d, facts, "spark3", "architecture") == ("ok", "Qwen3ForCausalLM is supported by vLLM 0.11.0", "")
+    assert one(d, facts, "spark3", "space") == ("ok", "400.0 GiB free at /var/lib/docker, the image needs 20.0 GiB", "")
+    assert one(d, facts, "spark2", "image") == ("ok", "vllm:a is ab12ab12ab12", "")
 
 
-def test_an_image_id_that_differs_from_the_heads_fails(tmp_path):
+def test_an_image_id_that_differs_from_the_heads_is_replaced_by_the_heads(tmp_path):
     d, facts = deployment(tmp_path), healthy()
     facts["spark2"]["image"]["id"] = OTHER_ID
-    assert one(d, facts, "spark2", "image") == (
-        "fail", "spark2 has vllm:a as cd34cd34cd34, spark1 as ab12ab12ab12",
-        "put the same build on every node: on spark1: docker save vllm:a | ssh nvidia@192.168.200.2 docker load")
+    assert one(d, facts, "spark2", "image") == ("warn", f"spark2 holds vllm:a as cd34cd34cd34; {COPIES}", "")
+
+
+def test_a_node_without_room_for_the_image_fails(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    facts["spark2"]["image"] = {"present": False}
+    facts["spark2"]["space"]["dockerFree"] = 5 * GIB
+    assert one(d, facts, "spark2", "space") == (
+        "fail", "5.0 GiB free at /var/lib/docker, the image needs 20.0 GiB",
+        "free space on spark2, or put the weights' path on a larger disk")
 
 
 def test_without_the_image_on_the_head_the_first_node_that_has_it_is_the_reference(tmp_path):
@@ -353,9 +367,25 @@ def test_without_the_image_on_the_head_the_first_node_that_has_it_is_the_referen
     facts["spark1"]["image"] = {"present": False}
     facts["spark3"]["image"]["id"] = OTHER_ID
     table = judged(d, facts)
-    assert (table[("spark1", "image")].reason, table[("spark1", "image")].fix) == (
-        "vllm:a is not on spark1", "put it there: on spark2: docker save vllm:a | ssh nvidia@192.168.200.1 docker load")
-    assert table[("spark3", "image")].reason == "spark3 has vllm:a as cd34cd34cd34, spark2 as ab12ab12ab12"
+    copies = "up copies spark2's (ab12ab12ab12, 20.0 GiB) over the fabric before anything starts here"
+    assert (table[("spark1", "image")].reason, table[("spark1", "image")].fix) == (f"spark1 lacks vllm:a; {copies}", "")
+    assert table[("spark3", "image")].reason == f"spark3 holds vllm:a as cd34cd34cd34; {copies}"
+
+
+def test_an_image_on_no_node_fails_unless_the_head_pulls_it(tmp_path):
+    facts = healthy()
+    for node in facts.values():
+        node["image"] = {"present": False}
+    assert one(deployment(tmp_path / "a"), facts, "spark2", "image") == (
+        "fail", "vllm:a is on no node of the stack, and none pulls it",
+        "set spark-vllm:images.pull to head, so that the head pulls it (with spark-vllm:images.registryUser and the "
+        "secret spark-vllm:registryPassword for a private registry), or load it on one node")
+    cfg = stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True}, images={"pull": "head"})
+    d = loader.load("test", cfg, set(), ROOT)
+    assert one(d, facts, "spark1", "image") == (
+        "warn", "spark1 lacks vllm:a; up pulls it from docker.io without a login before anything starts here", "")
+    assert one(d, facts, "spark2", "image") == (
+        "warn", "spark2 lacks vllm:a; up copies spark1's over the fabric before anything starts here", "")
 
 
 def test_an_image_that_cannot_be_inspected_could_not_be_checked(tmp_path):
@@ -577,7 +607,7 @@ def test_architecture_without_the_weights_could_not_be_checked(tmp_path):
 
 # ---- weights ----
 
-RSYNC = ("copy them from spark1 over the fabric: on spark1, rsync -a --progress /models/big/ "
+RSYNC = ("copy them from spark1 over the fabric: on spark1, rsync -a --copy-links --progress /models/big/ "
          "nvidia@192.168.200.2:/models/big/")
 
 
@@ -629,11 +659,11 @@ def test_a_path_that_is_a_file_or_holds_no_weights_fails(tmp_path):
     facts["spark3"]["model"]["files"] = [["config.json", 900]]
     assert one(d, facts, "spark1", "weights") == (
         "fail", "/models/big is a file, not a folder on spark1",
-        "copy them from spark2 over the fabric: on spark2, rsync -a --progress /models/big/ "
+        "copy them from spark2 over the fabric: on spark2, rsync -a --copy-links --progress /models/big/ "
         "nvidia@192.168.200.1:/models/big/")
     assert one(d, facts, "spark3", "weights") == (
         "fail", "/models/big holds no *.safetensors, *.bin or *.pt files",
-        "copy them from spark2 over the fabric: on spark2, rsync -a --progress /models/big/ "
+        "copy them from spark2 over the fabric: on spark2, rsync -a --copy-links --progress /models/big/ "
         "nvidia@192.168.200.3:/models/big/")
 
 
@@ -652,7 +682,7 @@ def test_hashed_weights_name_a_shard_whose_contents_differ(tmp_path):
 
 
 def needed(d, facts) -> dict[str, bool]:
-    return weight_manifests.sync_needed(d.cluster, d.preflight.hash_weights, typed(facts))
+    return weight_manifests.sync_needed(d.cluster, d.cluster.head, d.preflight.hash_weights, typed(facts))
 
 
 SYNC = "will sync from spark1 over the fabric (spark-vllm:preflight.syncWeights)"
@@ -713,7 +743,8 @@ def test_with_sync_on_what_it_cannot_repair_still_fails(tmp_path):
     facts["spark3"]["model"]["files"] = facts["spark3"]["model"]["files"][:2]
     assert one(d, facts, "spark1", "weights") == (
         "fail", "/models/big is not there on spark1", "copy them from spark3 over the fabric: on spark3, rsync -a "
-                                                      "--progress /models/big/ nvidia@192.168.200.1:/models/big/")
+                                                      "--copy-links --progress /models/big/ "
+                                                      "nvidia@192.168.200.1:/models/big/")
     assert one(d, facts, "spark3", "weights")[0] == "ok"  # spark3 is the reference now
     assert needed(d, facts) == {"spark2": False, "spark3": False}
 
@@ -955,7 +986,7 @@ def test_the_table_lists_every_finding_with_its_fix(tmp_path):
     assert "spark2  weights       FAIL    spark2 lacks model-00003-of-00003.safetensors. Fix: " + RSYNC in lines
     assert ("spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; "
             "29511 (watchdog) free") in lines
-    assert len(lines) == 1 + 3 * 12 + 1
+    assert len(lines) == 1 + 3 * 13 + 1
 
 
 def test_a_failure_stops_the_program_before_any_resource_with_the_whole_table(tmp_path, monkeypatch):
@@ -969,10 +1000,10 @@ def test_a_failure_stops_the_program_before_any_resource_with_the_whole_table(tm
         run_program(cfg)
     message = str(err.value)
     assert sorted(probed) == ["spark1", "spark2", "spark3"]
-    assert message.startswith("preflight of 3 nodes took ") and ": 2 failed, 0 warnings; nothing was deployed or "\
+    assert message.startswith("preflight of 3 nodes took ") and ": 1 failed, 1 warnings; nothing was deployed or "\
         "changed.\n" in message
     assert "spark2 lacks model-00003-of-00003.safetensors" in message
-    assert "spark3 has vllm:a as cd34cd34cd34, spark1 as ab12ab12ab12" in message
+    assert f"spark3 holds vllm:a as cd34cd34cd34; {COPIES}" in message
     assert "Traceback" not in message
 
 
@@ -1053,7 +1084,7 @@ def test_the_probe_lists_the_weights_and_reads_the_text_config(tmp_path):
 def test_the_probe_says_whether_rsync_is_there_only_when_the_sync_is_on(monkeypatch):
     probe = load_probe()
     printed = []
-    for gather in ("docker", "gpus", "fabric", "model", "memory"):
+    for gather in ("docker", "gpus", "fabric", "model", "memory", "space"):
         monkeypatch.setattr(probe, gather, lambda *args: {})
     monkeypatch.setattr(probe, "print", lambda line: printed.append(line), raising=False)
     monkeypatch.setattr(probe.shutil, "which", lambda tool: "/usr/bin/rsync" if tool == "rsync" else None)
@@ -1133,7 +1164,7 @@ def test_the_probe_reads_inside_an_image_once_per_image_id(tmp_path, monkeypatch
     # A stand-in docker: `image inspect` prints an id, `run` counts itself and prints what the image holds.
     (bin_dir / "docker").write_text(f"""#!/bin/sh
 case "$1" in
-  image) echo sha256:$(cat {tmp_path}/id) ;;
+  image) echo sha256:$(cat {tmp_path}/id) 1024 ;;
   run) echo run >> {runs}; echo '{preflight_probe.MARK}{{"ray": "2.60.0", "vllm": "0.11.0", "archs": ["A"]}}' ;;
 esac
 """)
@@ -1144,12 +1175,11 @@ esac
     spec = {"image": "vllm:a", "stepTimeout": 5, "imageTimeout": 5}
     (tmp_path / "id").write_text("ab12")
     first, second = probe.image(spec), probe.image(spec)
-    assert first == second == {"present": True, "id": "sha256:ab12",
+    assert first == second == {"present": True, "id": "sha256:ab12", "size": 1024,
                                "inside": {"ray": "2.60.0", "vllm": "0.11.0", "archs": ["A"]}}
     assert runs.read_text().count("run") == 1
-    # inside3-: the facts gained the load formats and the loaders' packages; a cache from before lacks them, and
-    # is not read.
-    assert (tmp_path / "home/.cache/spark-vllm/preflight/inside3-ab12.json").exists()
+    # inside4-: the facts gained the image's huggingface_hub; a cache from before lacks it, and is not read.
+    assert (tmp_path / "home/.cache/spark-vllm/preflight/inside4-ab12.json").exists()
     (tmp_path / "id").write_text("cd34")  # a new image under the same tag is read again
     assert probe.image(spec)["id"] == "sha256:cd34" and runs.read_text().count("run") == 2
 

@@ -42,7 +42,8 @@ def test_each_worker_waits_for_its_own_sync_run_on_the_head_over_the_fabric(tmp_
     for worker, ip in (("spark2", "192.168.200.2"), ("spark3", "192.168.200.3")):
         sync = rec.by_name(f"weights-sync-{worker}")
         assert sync.parent == component.urn
-        assert sync.inputs["create"].startswith(f"sh -s -- spark1 {worker} {ip} /models/big 3600 rsync -a --size-only ")
+        assert sync.inputs["create"].startswith(f"sh -s -- spark1 {worker} {ip} /models/big 3600 rsync -a --copy-links "
+                                                f"'--exclude=/.*' --size-only ")
         assert sync.inputs["create"].endswith(f" /models/big/ nvidia@{ip}:/models/big/")
         assert sync.inputs["connection"]["value"]["host"] == "10.10.10.11"  # rsync runs on the head
         container = rec.by_name(f"ray-worker-{worker}-container")
@@ -77,8 +78,8 @@ def test_the_same_difference_found_again_changes_the_trigger(tmp_path):
     facts = healthy()
     facts["spark2"]["model"]["files"] = [f for f in MODEL_FILES if f[0] != SHARDS[2]]
     typed = {name: parse(raw) for name, raw in facts.items()}
-    first = weights_sync.plan(d.cluster, d.preflight, typed, now=0)
-    again = weights_sync.plan(d.cluster, d.preflight, typed, now=3600)
+    first = weights_sync.plan(d.cluster, d.preflight, typed, d.cluster.head, now=0)
+    again = weights_sync.plan(d.cluster, d.preflight, typed, d.cluster.head, now=3600)
     assert first["spark2"].needed and first["spark2"].triggers[0] == again["spark2"].triggers[0]
     assert first["spark2"].triggers != again["spark2"].triggers
     assert first["spark3"] == again["spark3"] == weights_sync.SyncPlan(False, first["spark3"].triggers)
@@ -89,7 +90,8 @@ def test_hashed_weights_are_compared_by_checksum(tmp_path, monkeypatch):
     for f in facts.values():
         f["model"]["sha256"] = {name: "0" * 64 for name in SHARDS}
     rec = program(tmp_path, monkeypatch, facts=facts, syncWeights=True, hashWeights=True, syncTimeoutSeconds=600)
-    assert " /models/big 600 rsync -a --checksum " in rec.by_name("weights-sync-spark2").inputs["create"]
+    assert " /models/big 600 rsync -a --copy-links '--exclude=/.*' --checksum " in \
+        rec.by_name("weights-sync-spark2").inputs["create"]
 
 
 def test_the_key_reaches_the_sync_only_inside_secrets(tmp_path, monkeypatch):
@@ -115,8 +117,16 @@ def test_without_a_key_file_the_sync_uses_the_heads_own_identity(tmp_path, monke
 # ---- the script, against a stand-in rsync that records what it was given ----
 
 FAKE_RSYNC = r"""#!/bin/sh
-# Records its arguments and the key file its ssh command names, then acts as $FAKE_MODE says.
+# Records its arguments and the key file its ssh command names, then acts as $FAKE_MODE says; the dry run that checks
+# the copy records its own, and names what $FAKE_LEFT says was left behind.
 out=$FAKE_OUT
+case " $* " in
+  *" --dry-run "*)
+    printf '%s\n' "$@" > "$out/argv.check"
+    for name in $FAKE_LEFT; do echo "SPARK_VLLM_LEFT $name"; done
+    echo "SPARK_VLLM_LEFT ./"
+    exit 0 ;;
+esac
 printf '%s\n' "$@" > "$out/argv"
 ssh=$(for a; do case $prev in -e) printf '%s' "$a" ;; esac; prev=$a; done)
 # The key file as ssh would expand it: IdentityFile=${SPARK_VLLM_SSH_DIR}/key.
@@ -136,16 +146,16 @@ exit 0
 """
 
 
-def run_script(tmp_path, mode, key=KEY, limit="60"):
+def run_script(tmp_path, mode, key=KEY, limit="60", left="", checksum=False):
     bin_dir, out = tmp_path / "bin", tmp_path / "out"
     bin_dir.mkdir(exist_ok=True)
     out.mkdir(exist_ok=True)
     (bin_dir / "rsync").write_text(FAKE_RSYNC)
     (bin_dir / "rsync").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_OUT": str(out), "FAKE_MODE": mode,
-           "TMPDIR": str(tmp_path)}
+           "TMPDIR": str(tmp_path), "FAKE_LEFT": left}
     worker = load("t", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT).cluster.node("spark2")
-    rsync = rsync_argv("/models/big", worker, "192.168.200.2", checksum=False, with_key=key is not None)
+    rsync = rsync_argv("/models/big", worker, "192.168.200.2", checksum=checksum, with_key=key is not None)
     done = subprocess.run(["sh", "-s", "--", "spark1", "spark2", "192.168.200.2", "/models/big", limit, *rsync],
                           input=weights_sync.sync_script(key), env=env, capture_output=True, text=True, timeout=60)
     return done, out
@@ -162,7 +172,8 @@ def test_the_script_copies_over_the_fabric_with_the_key_in_a_private_file_it_rem
     assert len(lines) == 4 and lines[3].startswith("spark-vllm: synced 1 file, 4.0 MiB, from spark1 to spark2 in ")
     assert lines[3].endswith(" GB/s")
     argv = (out / "argv").read_text().splitlines()
-    assert argv[:4] == ["--info=progress2", "--out-format=SPARK_VLLM_FILE %l %n", "-a", "--size-only"]
+    assert argv[:6] == ["--info=progress2", "--out-format=SPARK_VLLM_FILE %l %n", "-a", "--copy-links",
+                        "--exclude=/.*", "--size-only"]
     assert argv[-2:] == ["/models/big/", "nvidia@192.168.200.2:/models/big/"]
     assert "--rsync-path=mkdir -p /models/big && rsync" in argv
     ssh = argv[argv.index("-e") + 1]
@@ -200,6 +211,22 @@ def test_the_script_fails_with_a_plain_message(tmp_path, mode, limit, message):
     assert done.returncode == 1
     assert done.stderr.strip() == message
     assert not Path((out / "key.path").read_text().strip()).exists()
+
+
+def test_after_the_copy_a_dry_run_by_size_checks_that_nothing_is_left(tmp_path):
+    done, out = run_script(tmp_path, "copy", checksum=True)
+    assert done.returncode == 0, done.stderr
+    argv, check = (out / "argv").read_text().splitlines(), (out / "argv.check").read_text().splitlines()
+    assert "--checksum" in argv and "--checksum" not in check and "--size-only" in check
+    assert check[:2] == ["--dry-run", "--out-format=SPARK_VLLM_LEFT %n"]
+    assert check[2:] == [arg if arg != "--checksum" else "--size-only" for arg in argv[2:]]
+
+
+def test_a_file_the_copy_left_different_fails_the_sync_naming_it(tmp_path):
+    done, _ = run_script(tmp_path, "copy", left="model-00003-of-00004.safetensors sub/tokenizer.json")
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("spark-vllm: after the sync, spark2 still lacks or holds in another size: "
+                                   "model-00003-of-00004.safetensors, sub/tokenizer.json; run pulumi up again")
 
 
 def test_the_script_says_when_there_was_nothing_to_copy(tmp_path):
