@@ -10,6 +10,7 @@ folder that is removed on exit. Arguments: image wanted_id target target_ip stal
 
 import base64
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -35,8 +36,10 @@ def human(n):
 
 
 def inspect(argv_prefix, image):
-    """(id, size) of the image where argv_prefix runs docker, or (None, None) when it is not there."""
-    done = subprocess.run([*argv_prefix, "docker", "image", "inspect", "--format", "{{.Id}} {{.Size}}", image],
+    """(id, size) of the image where argv_prefix runs docker, or (None, None) when it is not there. Through ssh the
+    command is one string, which the other node's shell splits again: quoted."""
+    argv = ["docker", "image", "inspect", "--format", "{{.Id}} {{.Size}}", image]
+    done = subprocess.run([*argv_prefix, shlex.join(argv)] if argv_prefix else argv,
                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           timeout=120)
     if done.returncode != 0:

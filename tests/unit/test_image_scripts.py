@@ -28,6 +28,8 @@ role=${FAKE_ROLE:-source}
 state=$FAKE_STATE
 case "$1 $2" in
   "image inspect")
+    # As docker reads it: one format argument, then the image; any other word is an image it does not have.
+    [ $# -eq 5 ] && [ "$4" = "{{.Id}} {{.Size}}" ] || { echo "Error: No such image: $5" >&2; exit 1; }
     [ -f "$state/$role.id" ] || { echo "Error: No such image: x" >&2; exit 1; }
     echo "$(cat "$state/$role.id") 2048" ;;
   "save "*) head -c 3000000 /dev/zero ;;
@@ -37,7 +39,8 @@ case "$1 $2" in
     echo "Loaded image: vllm:a" ;;
 esac
 """
-# ssh to the target: the options and the destination dropped, the key file's mode kept, the command run as the target.
+# ssh to the target: the options and the destination dropped, the key file's mode kept, the command run as the target
+# the way ssh runs it, its words joined by spaces and split again by the remote shell.
 FAKE_SSH = r"""#!/bin/sh
 for a; do
   shift
@@ -46,7 +49,7 @@ for a; do
     stat -c %a "$key" > "$FAKE_STATE/key.mode"; cp "$key" "$FAKE_STATE/key"; echo "$key" > "$FAKE_STATE/key.path" ;;
   esac
 done
-FAKE_ROLE=target exec "$@"
+FAKE_ROLE=target exec sh -c "$*"
 """
 
 
