@@ -57,7 +57,10 @@ def plan(deployment: Deployment, facts: Mapping[str, NodeFacts],
         commit, files, asked, config = answer.commit, answer.files, True, answer.config
     selection = select(files, hub.include, hub.exclude)
     have = dict(model.files) if model.exists else {}
-    to_fetch = tuple(f for f in selection.fetched if have.get(f.path) != f.size)
+    # What the last download recorded of each file: a file of another ETag is another file, whatever its size.
+    recorded = {path: etag for path, _, etag in record.files} if record is not None else {}
+    to_fetch = tuple(f for f in selection.fetched
+                     if have.get(f.path) != f.size or recorded.get(f.path, f.etag) != f.etag)
     current = record is not None and record.complete and record.repo == hub.repo and record.commit == commit
     return HubPlan(commit=commit, asked=asked, files=files, selection=selection, to_fetch=to_fetch,
                    needed=bool(to_fetch) or not current, config=config)

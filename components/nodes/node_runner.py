@@ -141,13 +141,19 @@ def hop_ssh(node: NodeSpec, with_key: bool) -> list[str]:
     return hop + ["-p", str(node.ssh_port)]
 
 
-def rsync_argv(path: str, node: NodeSpec, host: str, checksum: bool, with_key: bool) -> list[str]:
-    """rsync from this node's `path` to the same path on `node` at `host`, for a script that runs on a node.
+# How rsync tells a file to copy: by size alone (weights placed by hand carry each node's own times), by size and time
+# (a Hub download's files, each fetched anew with a new time, and copied with their times), or by SHA-256.
+RSYNC_COMPARE = {"size": ["--size-only"], "size and time": [], "checksum": ["--checksum"]}
+
+
+def rsync_argv(path: str, node: NodeSpec, host: str, compare: str, with_key: bool) -> list[str]:
+    """rsync from this node's `path` to the same path on `node` at `host`, for a script that runs on a node, comparing
+    files as RSYNC_COMPARE says.
 
     Links are copied as the files they point to (a Hugging Face cache snapshot is a folder of links into its blob
     store, which the other node does not have), and dot-files at the top (huggingface_hub's and spark-vllm's
     records under .cache/) are the source's own.
     """
-    return ["rsync", "-a", "--copy-links", "--exclude=/.*", "--checksum" if checksum else "--size-only",
+    return ["rsync", "-a", "--copy-links", "--exclude=/.*", *RSYNC_COMPARE[compare],
             f"--rsync-path=mkdir -p {shlex.quote(path)} && rsync", "-e", " ".join(hop_ssh(node, with_key)),
             f"{path}/", f"{node.ssh_user}@{host}:{path}/"]

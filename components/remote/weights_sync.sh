@@ -17,7 +17,11 @@ trap 'rm -rf "$tmp"' EXIT
 trap 'exit 143' HUP INT TERM
 printf '%s' '@KEY@' | base64 -d > "$tmp/key" || exit 1
 export SPARK_VLLM_SSH_DIR="$tmp"
-case " $* " in *" --checksum "*) by="size and SHA-256 (rsync --checksum)" ;; *) by="size" ;; esac
+case " $* " in
+  *" --checksum "*) by="size and SHA-256 (rsync --checksum)" ;;
+  *" --size-only "*) by="size" ;;
+  *) by="size and modification time" ;;
+esac
 echo "spark-vllm: syncing $head:$path/ to $worker ($ip) over the fabric; files compared by $by"
 start=$(date +%s.%N)
 # Sizes as preflight prints them (components/text.py), for both awk programs below.
@@ -66,11 +70,11 @@ case $rc in
     echo "spark-vllm: rsync from $head to $worker ($ip) failed with status $rc; its messages are above" >&2
     exit 1 ;;
 esac
-# What the copy left, by names and sizes (links followed, as the copy follows them): the same rsync as a dry run names
-# every file it would still send. By size even after --checksum, which would read every byte again on both nodes.
+# What the copy left (links followed, as the copy follows them): the same rsync as a dry run names every file it would
+# still send. After --checksum by size and time, which the copy set too: a checksum would read every byte again.
 count=$#
 for arg; do
-  [ "$arg" = --checksum ] && arg=--size-only
+  [ "$arg" = --checksum ] && continue
   set -- "$@" "$arg"
 done
 shift "$count"

@@ -68,9 +68,10 @@ def plan(cluster: ClusterSpec, preflight: PreflightSpec, facts: Mapping[str, Nod
 
 
 def sync_argv(cluster: ClusterSpec, preflight: PreflightSpec, model_path: str, source: NodeSpec, target: str,
-              with_key: bool) -> list[str]:
+              with_key: bool, from_hub: bool = False) -> list[str]:
     node = cluster.node(target)
-    rsync = rsync_argv(model_path, node, node.fabric_ip, preflight.hash_weights, with_key)
+    compare = "checksum" if preflight.hash_weights else "size and time" if from_hub else "size"
+    rsync = rsync_argv(model_path, node, node.fabric_ip, compare, with_key)
     return ["sh", "-s", "--", source.name, node.name, node.fabric_ip, model_path, str(preflight.sync_timeout_s),
             *rsync]
 
@@ -110,7 +111,7 @@ class WeightsSync(pulumi.ComponentResource):
                 f"{name}-{node}",
                 connection=args.connection,
                 create=shlex.join(sync_argv(args.cluster, args.preflight, args.serve.model_path, args.source, node,
-                                            with_key=args.private_key is not None)),
+                                            with_key=args.private_key is not None, from_hub=args.hub is not None)),
                 stdin=stdin,
                 triggers=p.triggers,
                 add_previous_output_in_env=False,

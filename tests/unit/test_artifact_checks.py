@@ -111,6 +111,14 @@ def test_another_revision_asks_the_hub_and_fetches_what_changed(tmp_path):
     assert [f.path for f in plan.to_fetch] == ["model-00002-of-00002.safetensors"]
 
 
+def test_a_file_of_the_same_size_and_another_etag_is_fetched(tmp_path):
+    d, facts = deployment(tmp_path, hub={"revision": "v2"}), healthy()
+    changed = [*FILES[:2], RepoFile("model-00002-of-00002.safetensors", SHARD, "s2-new"), *FILES[3:]]
+    with_weights(facts, "spark1", hub=record(revision="main", commit=OLD))
+    plan = hub_plan.plan(d, typed(facts), Hub(HubAnswer(commit=COMMIT, files=tuple(changed))), None)
+    assert [f.path for f in plan.to_fetch] == ["model-00002-of-00002.safetensors"]
+
+
 def test_a_refusal_of_the_hub_is_the_plans_error(tmp_path):
     d, facts = deployment(tmp_path), healthy()
     plan = hub_plan.plan(d, typed(facts), Hub(HubAnswer(error="lab/tiny on x is gated and no hfToken is set")), None)
@@ -230,6 +238,18 @@ def test_an_image_without_huggingface_hub_cannot_download(tmp_path):
         node["image"]["inside"]["huggingfaceHub"] = ""
     assert judged(d, facts)[("spark1", "hub")] == (
         "fail", "vllm:a has no huggingface_hub, which the download runs with", "use a vLLM image (they carry it)")
+
+
+def test_an_image_with_an_old_huggingface_hub_cannot_download_into_a_folder(tmp_path):
+    d, facts = deployment(tmp_path), healthy()
+    for node in facts.values():
+        node["image"]["inside"]["huggingfaceHub"] = "0.20.3"
+    assert judged(d, facts)[("spark1", "hub")] == (
+        "fail", "vllm:a has huggingface_hub 0.20.3, older than 0.23, whose downloads into a folder write plain files "
+                "and keep what they fetched", "use a newer vLLM image")
+    for node in facts.values():
+        node["image"]["inside"]["huggingfaceHub"] = "0.36.0rc1"
+    assert judged(d, facts)[("spark1", "hub")][0] == "warn"  # the download is planned
 
 
 def test_an_architecture_the_image_lacks_is_refused_from_the_hubs_config_before_the_download(tmp_path):

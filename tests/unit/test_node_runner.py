@@ -126,7 +126,7 @@ def test_run_is_bounded_retries_included(cluster, fake_ssh, monkeypatch):
 
 
 def test_the_hop_between_nodes_reads_its_key_from_the_scripts_folder(cluster):
-    argv = node_runner.rsync_argv("/models/a b", cluster.node("spark2"), "192.168.200.2", checksum=True,
+    argv = node_runner.rsync_argv("/models/a b", cluster.node("spark2"), "192.168.200.2", compare="checksum",
                                   with_key=True)
     assert argv == ["rsync", "-a", "--copy-links", "--exclude=/.*", "--checksum",
                     "--rsync-path=mkdir -p '/models/a b' && rsync", "-e",

@@ -34,7 +34,7 @@ def test_no_sync_unless_it_is_turned_on(tmp_path, monkeypatch):
     assert not any("WeightsSync" in urn for urn in rec.by_name("ray-worker-spark2-container").dependencies)
 
 
-def test_each_worker_waits_for_its_own_sync_run_on_the_head_over_the_fabric(tmp_path, monkeypatch):
+def test_every_engine_waits_for_the_syncs_run_on_the_head_over_the_fabric(tmp_path, monkeypatch):
     rec = program(tmp_path, monkeypatch, syncWeights=True)
     component = rec.by_name("weights-sync")
     assert component.type == "spark-vllm:index:WeightsSync"
@@ -49,8 +49,9 @@ def test_each_worker_waits_for_its_own_sync_run_on_the_head_over_the_fabric(tmp_
         container = rec.by_name(f"ray-worker-{worker}-container")
         assert sync.urn in container.dependencies
     assert "10.10.10.13" not in rec.by_name("weights-sync-spark3").inputs["create"]  # spark3's management address
+    # The head waits for them too: nothing that runs is replaced before every node holds the weights.
     head = rec.by_name("ray-head-container")
-    assert not any(rec.resources[urn].name.startswith("weights-sync") for urn in head.dependencies)
+    assert {rec.by_name(f"weights-sync-{w}").urn for w in ("spark2", "spark3")} <= set(head.dependencies)
 
 
 def test_equal_weights_leave_the_sync_alone_and_a_difference_runs_it(tmp_path, monkeypatch):
@@ -146,7 +147,7 @@ exit 0
 """
 
 
-def run_script(tmp_path, mode, key=KEY, limit="60", left="", checksum=False):
+def run_script(tmp_path, mode, key=KEY, limit="60", left="", compare="size"):
     bin_dir, out = tmp_path / "bin", tmp_path / "out"
     bin_dir.mkdir(exist_ok=True)
     out.mkdir(exist_ok=True)
@@ -155,7 +156,7 @@ def run_script(tmp_path, mode, key=KEY, limit="60", left="", checksum=False):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_OUT": str(out), "FAKE_MODE": mode,
            "TMPDIR": str(tmp_path), "FAKE_LEFT": left}
     worker = load("t", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT).cluster.node("spark2")
-    rsync = rsync_argv("/models/big", worker, "192.168.200.2", checksum=checksum, with_key=key is not None)
+    rsync = rsync_argv("/models/big", worker, "192.168.200.2", compare=compare, with_key=key is not None)
     done = subprocess.run(["sh", "-s", "--", "spark1", "spark2", "192.168.200.2", "/models/big", limit, *rsync],
                           input=weights_sync.sync_script(key), env=env, capture_output=True, text=True, timeout=60)
     return done, out
@@ -214,12 +215,23 @@ def test_the_script_fails_with_a_plain_message(tmp_path, mode, limit, message):
 
 
 def test_after_the_copy_a_dry_run_by_size_checks_that_nothing_is_left(tmp_path):
-    done, out = run_script(tmp_path, "copy", checksum=True)
+    done, out = run_script(tmp_path, "copy", compare="checksum")
     assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].endswith("files compared by size and SHA-256 (rsync --checksum)")
     argv, check = (out / "argv").read_text().splitlines(), (out / "argv.check").read_text().splitlines()
-    assert "--checksum" in argv and "--checksum" not in check and "--size-only" in check
+    assert "--checksum" in argv and "--checksum" not in check and "--size-only" not in check
     assert check[:2] == ["--dry-run", "--out-format=SPARK_VLLM_LEFT %n"]
-    assert check[2:] == [arg if arg != "--checksum" else "--size-only" for arg in argv[2:]]
+    assert check[2:] == [arg for arg in argv[2:] if arg != "--checksum"]  # by size and time, as the copy left them
+
+
+def test_a_hub_downloads_files_are_compared_by_size_and_time(tmp_path):
+    """A new revision's file may keep its size: fetched anew, it has a new time, which the copy carries over."""
+    done, out = run_script(tmp_path, "copy", compare="size and time")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].endswith("files compared by size and modification time")
+    argv = (out / "argv").read_text().splitlines()
+    assert "--size-only" not in argv and "--checksum" not in argv
+    assert "--size-only" not in (out / "argv.check").read_text().splitlines()
 
 
 def test_a_file_the_copy_left_different_fails_the_sync_naming_it(tmp_path):
