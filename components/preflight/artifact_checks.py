@@ -3,6 +3,7 @@ for what is to arrive (docs/artifacts.md). Pure, like judging.py, which calls th
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from ..config.artifacts_config import registry_of
@@ -14,6 +15,9 @@ from ..nodes.weight_manifests import WEIGHT_SUFFIXES, weight_differences
 from ..text import size
 from .findings import Finding, Reference, Status, could_not, short, some
 
+# huggingface_hub's downloads into a folder (local_dir) write plain files, not links into a cache, and keep
+# metadata of what they fetched, from 0.23 on: the download's resume and "only what changed" rest on it.
+MIN_HUGGINGFACE_HUB = (0, 23)
 NO_IMAGE_FIX = ("set spark-vllm:images.pull to head, so that the head pulls it (with spark-vllm:images.registryUser "
                 "and the secret spark-vllm:registryPassword for a private registry), or load it on one node")
 
@@ -56,6 +60,11 @@ def check_hub(deployment: Deployment, node: NodeSpec, hub: HubPlan, inside_hub: 
     if inside_hub == "":
         return Finding(node.name, "hub", Status.FAIL, f"{deployment.serve.image} has no huggingface_hub, which the "
                                                       "download runs with", "use a vLLM image (they carry it)")
+    if inside_hub and _older(inside_hub, MIN_HUGGINGFACE_HUB):
+        return Finding(node.name, "hub", Status.FAIL,
+                       f"{deployment.serve.image} has huggingface_hub {inside_hub}, older than "
+                       f"{'.'.join(map(str, MIN_HUGGINGFACE_HUB))}, whose downloads into a folder write plain files "
+                       "and keep what they fetched", "use a newer vLLM image")
     assert hub.selection is not None and hub.commit is not None
     how = "asked the Hub now" if hub.asked else "as the last download recorded it"
     head = f"{spec.repo} {spec.revision} is {hub.commit[:12]} ({how})"
@@ -76,6 +85,12 @@ def check_hub(deployment: Deployment, node: NodeSpec, hub: HubPlan, inside_hub: 
         return Finding(node.name, "hub", Status.WARN, f"{head}; all its {whole}, are here, and up records them "
                                                       f"as {hub.commit[:12]}{skips}")
     return Finding(node.name, "hub", Status.OK, f"{head}; all its {whole}, are here{skips}")
+
+
+def _older(version: str, minimum: tuple[int, int]) -> bool:
+    """Whether a version string (2.4.0, 0.36.0rc1) is below major.minor; an unreadable one is not judged."""
+    parts = re.match(r"(\d+)\.(\d+)", version)
+    return parts is not None and (int(parts[1]), int(parts[2])) < minimum
 
 
 def check_space(deployment: Deployment, node: NodeSpec, facts: NodeFacts, hub: Optional[HubPlan],

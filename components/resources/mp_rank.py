@@ -106,7 +106,7 @@ class MpRank(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
                                         replace_on_changes=["*"],
                                         replace_with=[args.head.container] if args.head else None,
-                                        depends_on=[r for r in args.depends_on if r]),
+                                        depends_on=[r for r in (*args.depends_on, args.spark.image) if r]),
         )
         self.container_id = self.container.id
         self.register_outputs({"containerId": self.container_id, "containerName": self.container_name,

@@ -9,7 +9,7 @@ refresh after a reboot sets `mustRun` false), which would leave the gates and th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import pulumi
 import pulumi_docker as docker
@@ -128,7 +128,8 @@ class RayNodeArgs:
     spark: SparkNode
     head: Optional["RayNode"] = None  # set for workers: ties them to one head
     guard: Optional[pulumi.Resource] = None  # the node's fabric guard: its rules go in before Ray opens a port
-    weights_synced: Optional[pulumi.Resource] = None  # the node's sync or download: its weights are in place first
+    # Every node's image copy or pull, weights download and sync: nothing that runs is replaced before all are done.
+    artifacts: Sequence[pulumi.Resource] = ()
     weights_root: Optional[str] = None  # what it mounts for the weights, when not their folder (runtime_settings)
     life: Optional[str] = None  # its life token (components/preflight/liveness.py): a new one recreates it
 
@@ -166,7 +167,8 @@ class RayNode(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
                                         replace_on_changes=["*"],
                                         replace_with=[args.head.container] if args.head else None,
-                                        depends_on=[r for r in (args.guard, args.weights_synced) if r]),
+                                        depends_on=[r for r in (args.guard, *args.artifacts, args.spark.image)
+                                                    if r]),
         )
         self.container = container
         self.container_id = container.id

@@ -61,7 +61,8 @@ class SparkNode(pulumi.ComponentResource):
                                    opts=pulumi.ResourceOptions(parent=self, provider=self.provider,
                                                                depends_on=[ready] if ready else None,
                                                                replacement_trigger=ready.id if ready else None))
+        # A known id stays known in a preview, where a replaced RemoteImage's is not: the containers would show a
+        # replacement that never comes. What runs on the node depends on `image` for the order.
         self.image = image
-        found = args.image_found
-        self.image_id = image.image_id.apply(lambda stored: found or stored)  # still after the image resource
+        self.image_id = pulumi.Output.from_input(args.image_found) if args.image_found else image.image_id
         self.register_outputs({"host": self.host, "imageId": self.image_id})

@@ -97,7 +97,7 @@ class VllmServeArgs:
     load_s: int  # the longest a load may take (the serve gate's bound): how long a turn is held or waited for
     life: Optional[str] = None  # its life token (components/preflight/liveness.py): a new one restarts it
     weights: Optional[str] = None  # the commit of a Hub download's weights: a new one restarts it
-    after: tuple = ()  # what must exist before it starts: the stack's memory claims
+    after: tuple = ()  # what must exist before it starts: the stack's memory claims, each node's weights
 
 
 class VllmServe(pulumi.ComponentResource):

@@ -74,6 +74,9 @@ def wire(deployment: Deployment) -> None:
     # What each node's engine waits for: its weights, synced there, or downloaded there; and what its containers
     # mount: the weights' folder, or the folder that also holds what its links point to (a Hugging Face cache).
     weights_ready = {**({source.name: download.done} if download else {}), **(sync.synced if sync else {})}
+    # Nothing that runs is replaced before every node holds every new artifact: a failed copy, download or sync
+    # leaves the running deployment serving (docs/artifacts.md).
+    artifacts = (*image_ready.values(), *weights_ready.values())
     roots = {node.name: weights_root(deployment, facts, node.name) for node in cluster.nodes}
     version = checked.hub.commit if checked.hub else None  # a new commit is new weights: the serve loads again
     guards = {
@@ -91,14 +94,14 @@ def wire(deployment: Deployment) -> None:
         """Ray: a `ray start` container a node, Ray's own gate, then `vllm serve` in the head's container."""
         head = RayNode("ray-head", RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head,
                                                spark=head_spark, guard=guards.get(cluster.head.name),
-                                               weights_synced=weights_ready.get(cluster.head.name),
+                                               artifacts=artifacts,
                                                weights_root=roots[cluster.head.name],
                                                life=lives.engine(cluster.head.name)))
         workers = {
             node.name: RayNode(f"ray-worker-{node.name}",
                                RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=node,
                                            spark=sparks[node.name], head=head, guard=guards.get(node.name),
-                                           weights_synced=weights_ready.get(node.name), weights_root=roots[node.name],
+                                           artifacts=artifacts, weights_root=roots[node.name],
                                            life=lives.engine(node.name)))
             for node in cluster.workers
         }
@@ -111,7 +114,8 @@ def wire(deployment: Deployment) -> None:
             stack=deployment.stack, cluster=cluster, serve=serve, connection=head_spark.connection,
             head_container=head.container_name, cluster_ready_id=cluster_ready.ready_id,
             secrets={key: secret[key] for key in deployment.secrets}, sparks=sparks,
-            load_s=deployment.serve_ready_timeout_s, life=lives.serve.token, weights=version, after=tuple(claims)))
+            load_s=deployment.serve_ready_timeout_s, life=lives.serve.token, weights=version,
+            after=(*claims, *artifacts)))
         serve_ready = Gate("serve-ready", GateArgs(
             connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
             args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],
@@ -132,19 +136,19 @@ def wire(deployment: Deployment) -> None:
         # One stack loads on a node at a time (docs/placement.md): each node's turn first, then its cache drop.
         life = [lives.serve.token] if lives.serve.token else []  # a dead group's new ranks load again
         turns = load_turns("mp-serve", None, deployment.stack, cluster, sparks, [digest, *life],
-                           deployment.serve_ready_timeout_s, claims)
+                           deployment.serve_ready_timeout_s, [*claims, *artifacts])
         drops = page_cache_drops("mp-serve", None, {n: s.connection for n, s in sparks.items()},
                                  [digest], turns) if serve.drop_page_cache else []
         head = MpRank(f"vllm-rank-{cluster.head.name}", MpRankArgs(
             stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head, spark=head_spark, digest=digest,
             secrets=secrets, weights_root=roots[cluster.head.name],
-            depends_on=(guards.get(cluster.head.name), weights_ready.get(cluster.head.name), *turns, *drops),
+            depends_on=(guards.get(cluster.head.name), *artifacts, *turns, *drops),
             life=lives.serve.token))
         ranks = {cluster.head.name: head, **{
             node.name: MpRank(f"vllm-rank-{node.name}", MpRankArgs(
                 stack=deployment.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name], digest=digest,
                 head=head, weights_root=roots[node.name],
-                depends_on=(guards.get(node.name), weights_ready.get(node.name), *turns, *drops),
+                depends_on=(guards.get(node.name), *artifacts, *turns, *drops),
                 life=lives.serve.token))
             for node in cluster.workers}}
         ids = [rank.container_id for rank in ranks.values()]
