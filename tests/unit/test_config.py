@@ -255,6 +255,24 @@ def test_the_watchdog_defaults_and_settings(tmp_path):
     assert (w.interval_s, w.failures, w.max_restarts, w.backoff_initial_s, w.backoff_max_s) == (5, 2, 1, 1, 4)
 
 
+def test_the_shipped_sparks_stacks_name_their_hub_repo_and_the_seed_pulls_its_image(monkeypatch, tmp_path):
+    """A model id and an image tag are enough (docs/artifacts.md): every real preset names its Hub repo."""
+    import yaml
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh/id_ed25519").write_text("key")
+    repos = {}
+    for stack in ("spark", "gpt-oss", "qwen3-30b", "qwen3-235b"):
+        d = loader.load(stack, yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"], set(), ROOT)
+        assert d.serve.hub is not None and d.preflight.sync_weights and d.serve.hub.revision == "main"
+        repos[stack] = d.serve.hub.repo
+        if stack == "spark":
+            assert d.images.pull == "head"
+    assert repos == {"spark": "Qwen/Qwen3.5-122B-A10B-FP8", "gpt-oss": "openai/gpt-oss-120b",
+                     "qwen3-30b": "Qwen/Qwen3-30B-A3B-FP8", "qwen3-235b": "nvidia/Qwen3-235B-A22B-NVFP4"}
+
+
 def test_shipped_stacks_pick_their_executors():
     """The seed's stack stays on Ray; the other model stacks run without Ray on a current NGC image."""
     import yaml
