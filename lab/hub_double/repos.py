@@ -74,7 +74,7 @@ def build(data: Path, shard_mib: int = 4, shards: int = 4) -> dict[str, Repo]:
     (v1 / "original" / "consolidated.00.pth").write_bytes(hashlib.shake_256(b"original").digest(1 << 20))
     (v1 / "tiny.Q8_0.gguf").write_bytes(hashlib.shake_256(b"gguf").digest(1 << 20))
     shutil.copytree(v1, v2)
-    changed = v2 / f"model-00003-of-{shards:05d}.safetensors"
+    changed = v2 / f"model-00003-of-{shards:05d}.safetensors"  # shards >= 3
     raw = bytearray(changed.read_bytes())
     raw[-1] ^= 0xFF  # the last byte of the last tensor: still a valid checkpoint, with other bytes
     changed.write_bytes(bytes(raw))

@@ -4,9 +4,9 @@ repo (lab/hub_double/README.md). It is not the Hub.
     python3 lab/hub_double/server.py --bind 172.29.87.1 --port 18180 --data DIR [--tokens JSON] [--rate-mib N]
 
 Serves the repos of repos.py. Besides the Hub's own routes it answers `GET /_double/stats` (the bytes it served per
-file, and every request), `POST /_double/reset`, `POST /_double/stall?after=N` (each file sent from then on stops
-after N bytes and hangs until `POST /_double/release`, or ends at the next reset), for the tests to measure and to
-break it.
+file, and every request), `POST /_double/reset`, `POST /_double/stall?after=N[&file=NAME]` (each file, or
+the one named, sent from then on stops after N bytes and hangs until `POST /_double/release`, or ends at the next
+reset), for the tests to measure and to break it.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class Hub:
         self.served: dict[str, int] = {}  # "repo/path" -> bytes sent
         self.requests: list[list] = []  # [method, path, status]
         self.stall_after: int | None = None
+        self.stall_file: str | None = None  # only the file whose path ends so stalls; None: every file
         self.release = threading.Event()
         self.generation = 0  # a reset cuts every stalled response of the generation before it
 
@@ -47,7 +48,7 @@ class Hub:
         with self.lock:
             self.served.clear()
             self.requests.clear()
-            self.stall_after = None
+            self.stall_after = self.stall_file = None
             self.generation += 1
             self.release.set()
 
@@ -72,8 +73,10 @@ class Handler(BaseHTTPRequestHandler):
             self.hub.reset()
             return self._json(200, {})
         if url.path == "/_double/stall":
+            query = parse_qs(url.query)
             with self.hub.lock:
-                self.hub.stall_after = int(parse_qs(url.query).get("after", ["0"])[0])
+                self.hub.stall_after = int(query.get("after", ["0"])[0])
+                self.hub.stall_file = query.get("file", [None])[0]
                 self.hub.release.clear()
             return self._json(200, {})
         if url.path == "/_double/release":
@@ -90,7 +93,8 @@ class Handler(BaseHTTPRequestHandler):
         path = url.path
         if path == "/_double/stats":
             with self.hub.lock:
-                return self._json(200, {"served": dict(self.hub.served), "requests": list(self.hub.requests)})
+                stats = {"served": dict(self.hub.served), "requests": list(self.hub.requests)}
+            return self._json(200, stats)
         for pattern, handler in ((API_INFO, self._info), (API_TREE, self._tree), (RESOLVE, self._resolve)):
             match = pattern.match(path)
             if match:
@@ -195,6 +199,8 @@ class Handler(BaseHTTPRequestHandler):
     def _stream(self, key: str, file: Path, start: int, stop: int):
         with self.hub.lock:
             stall, generation = self.hub.stall_after, self.hub.generation
+            if self.hub.stall_file is not None and not key.endswith(self.hub.stall_file):
+                stall = None
         sent, began = 0, time.monotonic()
         with open(file, "rb") as f:
             f.seek(start)
@@ -243,9 +249,9 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def serve(bind: str, port: int, data: Path, tokens: dict[str, list[str]], rate_mib: float = 0.0,
-          shard_mib: int = 4) -> ThreadingHTTPServer:
+          shard_mib: int = 4, shards: int = 4) -> ThreadingHTTPServer:
     """A started server (serve_forever in a daemon thread); its `hub` attribute is what it served."""
-    hub = Hub(build(data, shard_mib=shard_mib), tokens, rate_mib * (1 << 20))
+    hub = Hub(build(data, shard_mib=shard_mib, shards=shards), tokens, rate_mib * (1 << 20))
     handler = type("BoundHandler", (Handler,), {"hub": hub})
     server = ThreadingHTTPServer((bind, port), handler)
     server.daemon_threads = True
@@ -262,8 +268,10 @@ def main() -> None:
     parser.add_argument("--tokens", default="{}", help='JSON: token -> the gated or private repos it may read')
     parser.add_argument("--rate-mib", type=float, default=0.0, help="MiB/s a response is held to (0: no limit)")
     parser.add_argument("--shard-mib", type=int, default=4, help="each weight shard's size, a multiple of 4")
+    parser.add_argument("--shards", type=int, default=4, help="how many weight shards (3 or more)")
     args = parser.parse_args()
-    server = serve(args.bind, args.port, args.data, json.loads(args.tokens), args.rate_mib, args.shard_mib)
+    server = serve(args.bind, args.port, args.data, json.loads(args.tokens), args.rate_mib, args.shard_mib,
+                   args.shards)
     print(f"hub double on http://{args.bind}:{server.server_address[1]}", flush=True)
     try:
         threading.Event().wait()

@@ -30,6 +30,13 @@ INNER_IMAGE = "spark-vllm-lab/ray-vllm:2.60.0-double1"
 # The same double without Ray, as NGC vLLM images from 26.04 on: for the `mp` executor across nodes.
 MP_IMAGE = "spark-vllm-lab/vllm-mp:double1"
 RAY_VERSION = "2.60.0"
+# The Hub's client, which vLLM images carry: the program's Hub download runs in the model's image (docs/artifacts.md).
+HUGGINGFACE_HUB = "huggingface_hub==2.4.0"
+# The lab's image registry (lab/labkit/services.py) on the management LAN, as a site's or NGC's is: node1 reaches it,
+# node2 only through node1. Plain HTTP, which the nodes' engines allow it (lab/node/daemon.json), with a login.
+REGISTRY = "172.29.87.1:5000"
+# The Hub double (lab/hub_double) on the management LAN.
+HUB_URL = "http://172.29.87.1:18180"
 # The gateway's router, at the version components/config/gateway_config.py pins (docs/gateway.md); its proxy answers
 # a request without a key with 401 only when prisma is importable (500 without it).
 GATEWAY_IMAGE = "spark-vllm-lab/litellm:1.108.7"

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import model
-from .config import (CACHE_DIR, GATEWAY_IMAGE, GATEWAY_PACKAGES, HOST_CA_BUNDLE, INNER_IMAGE, LAB_SRC, MP_IMAGE,
-                     NODE_IMAGE_REPO, RAY_VERSION, SPEC_LABEL, VLLM_DOUBLE_DIR, Node)
+from .config import (CACHE_DIR, GATEWAY_IMAGE, GATEWAY_PACKAGES, HOST_CA_BUNDLE, HUGGINGFACE_HUB, INNER_IMAGE, LAB_SRC,
+                     MP_IMAGE, NODE_IMAGE_REPO, RAY_VERSION, SPEC_LABEL, VLLM_DOUBLE_DIR, Node)
 from .rootfs import base_tarball, chroot_sh, docker_import, hash_inputs, pack, unpacked
 from .run import LabError, log, out, run
 
@@ -77,14 +77,15 @@ def _pip_into_venv(root: Path, packages: list[str], logfile: Path) -> None:
 
 
 def _ray_rootfs() -> Path:
-    """Debian + a venv with ray[default] from PyPI, cached as a tarball (the slow, rarely changing part)."""
-    key = hash_inputs(json.dumps(INNER_PACKAGES), RAY_VERSION, SETUPTOOLS_VERSION, *BUILDERS)
+    """Debian + a venv with ray[default] and huggingface_hub (which vLLM images carry) from PyPI, cached as a tarball
+    (the slow, rarely changing part)."""
+    key = hash_inputs(json.dumps(INNER_PACKAGES), RAY_VERSION, SETUPTOOLS_VERSION, HUGGINGFACE_HUB, *BUILDERS)
     tarball = CACHE_DIR / f"ray-rootfs-{key}.tar"
     if tarball.exists():
         log(f"ray rootfs cache hit: {tarball.name}")
         return tarball
     with unpacked(base_tarball(INNER_PACKAGES), "ray-rootfs") as root:
-        _pip_into_venv(root, [f"ray[default]=={RAY_VERSION}", f"setuptools=={SETUPTOOLS_VERSION}"],
+        _pip_into_venv(root, [f"ray[default]=={RAY_VERSION}", f"setuptools=={SETUPTOOLS_VERSION}", HUGGINGFACE_HUB],
                        CACHE_DIR / "ray-rootfs-build.log")
         pack(root, tarball)
     for old in CACHE_DIR.glob("ray-rootfs-*.tar"):

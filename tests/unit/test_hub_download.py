@@ -184,3 +184,10 @@ def test_the_double_counts_what_a_client_that_goes_away_did_not_get(hub, tmp_pat
     while not served(hub) and time.monotonic() < deadline:  # counted once written, just after the client has it
         time.sleep(0.01)
     assert served(hub) == {"lab/tiny/model-00001-of-00004.safetensors": 100}
+
+
+def test_the_doubles_own_routes_answer_over_http(hub):
+    import urllib.request
+    reset(hub)
+    with urllib.request.urlopen(f"{url(hub)}/_double/stats", timeout=5) as r:
+        assert json.load(r) == {"served": {}, "requests": []}
