@@ -131,15 +131,20 @@ def test_ssh_cut_to_node2_fails_bounded_naming_the_node_then_converges(stack):
     assert_serving(stack)
 
 
-def test_an_image_missing_on_a_node_is_named(stack):
+def test_an_image_on_no_node_is_named(stack):
+    """Gone from every node, with no registry to pull from (images.pull is none), the image cannot be copied back:
+    preflight names it and what would bring it, and nothing changes."""
     image = "spark-vllm-lab/ray-vllm:2.60.0-double1"
-    node_sh(2, f"docker tag {image} svl-flt-keep:1 && docker rmi {image}")
+    for node in (1, 2):
+        node_sh(node, f"docker tag {image} svl-flt-keep:1 && docker rmi {image}")
     try:
         run = stack.up("--refresh", check=False)
     finally:
-        node_sh(2, f"docker tag svl-flt-keep:1 {image} && docker rmi svl-flt-keep:1")
-    assert run.returncode != 0
-    assert image in run.output and "10.87.200.12" in run.output, run.output
+        for node in (1, 2):
+            node_sh(node, f"docker tag svl-flt-keep:1 {image} && docker rmi svl-flt-keep:1")
+    assert run.returncode != 0 and "nothing was deployed or changed" in run.output
+    assert re.search(rf"node1\s+image\s+FAIL\s+{re.escape(image)} is on no node of the stack, and none pulls it\. "
+                     r"Fix: set spark-vllm:images\.pull to head", run.output), run.output
     stack.up("--refresh")
     assert_serving(stack)
 
