@@ -71,7 +71,12 @@ def main():
         if theirs == here:
             say(f"nothing to copy: {target} already holds {image} as {here[:19]}")
             return
-        copy(image, here, size, target, ip, remote, stall_s)
+        if inspect(remote, here)[0] == here:  # the same build under another name: a tag, not a copy
+            subprocess.run([*remote, shlex.join(["docker", "tag", here, image])], stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=120)
+            say(f"{target} held {here[:19]} under another name: tagged it {image}, nothing copied")
+        else:
+            copy(image, here, size, target, ip, remote, stall_s)
         theirs, _ = inspect(remote, image)
         if theirs != here:
             raise SystemExit(f"spark-vllm: after the copy {target} holds {image} as {(theirs or 'nothing')[:19]}, "

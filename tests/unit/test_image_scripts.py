@@ -28,10 +28,13 @@ role=${FAKE_ROLE:-source}
 state=$FAKE_STATE
 case "$1 $2" in
   "image inspect")
-    # As docker reads it: one format argument, then the image; any other word is an image it does not have.
+    # As docker reads it: one format argument, then the image (a name, or the id of one it holds under any name).
     [ $# -eq 5 ] && [ "$4" = "{{.Id}} {{.Size}}" ] || { echo "Error: No such image: $5" >&2; exit 1; }
-    [ -f "$state/$role.id" ] || { echo "Error: No such image: x" >&2; exit 1; }
-    echo "$(cat "$state/$role.id") 2048" ;;
+    if [ "$5" = vllm:a ]; then held="$state/$role.id"; else held="$state/$role.other"; fi
+    [ -f "$held" ] && { [ "$5" = vllm:a ] || [ "$(cat "$held")" = "$5" ]; } ||
+      { echo "Error: No such image: $5" >&2; exit 1; }
+    echo "$(cat "$held") 2048" ;;
+  "tag "*) cp "$state/$role.other" "$state/$role.id"; echo "$*" > "$state/tagged" ;;
   "save "*) head -c 3000000 /dev/zero ;;
   "load ")
     cat > "$state/loaded"
@@ -42,11 +45,14 @@ esac
 # ssh to the target: the options and the destination dropped, the key file's mode kept, the command run as the target
 # the way ssh runs it, its words joined by spaces and split again by the remote shell.
 FAKE_SSH = r"""#!/bin/sh
-for a; do
-  shift
-  case "$a" in *@*) break ;; esac
-  case "$a" in IdentityFile=*) key=${a#IdentityFile=}
-    stat -c %a "$key" > "$FAKE_STATE/key.mode"; cp "$key" "$FAKE_STATE/key"; echo "$key" > "$FAKE_STATE/key.path" ;;
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) case "$2" in IdentityFile=*) key=${2#IdentityFile=}
+          stat -c %a "$key" > "$FAKE_STATE/key.mode"; cp "$key" "$FAKE_STATE/key"; echo "$key" > "$FAKE_STATE/key.path"
+        esac
+        shift 2 ;;
+    -p|-i) shift 2 ;;
+    *) shift; break ;;  # the destination; the rest is the command
   esac
 done
 FAKE_ROLE=target exec sh -c "$*"
@@ -95,6 +101,16 @@ def test_a_node_that_holds_the_same_id_gets_nothing(tmp_path, fakes):
     done = copy(tmp_path, bin_dir, state)
     assert done.returncode == 0 and not (state / "loaded").exists()
     assert done.stdout.strip() == f"spark-vllm: nothing to copy: spark2 already holds vllm:a as {SOURCE_ID[:19]}"
+
+
+def test_a_node_that_holds_the_build_under_another_name_gets_a_tag(tmp_path, fakes):
+    bin_dir, state = fakes
+    (state / "target.other").write_text(SOURCE_ID)  # e.g. the same build pulled under another registry's name
+    done = copy(tmp_path, bin_dir, state)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (state / "loaded").exists() and (state / "tagged").read_text().split() == ["tag", SOURCE_ID, "vllm:a"]
+    assert done.stdout.strip() == (f"spark-vllm: spark2 held {SOURCE_ID[:19]} under another name: tagged it vllm:a, "
+                                   "nothing copied")
 
 
 def test_an_id_that_differs_after_the_copy_fails(tmp_path, fakes):
