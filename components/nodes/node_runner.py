@@ -127,6 +127,11 @@ def stream(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str)
     return 128 - code if code < 0 else code
 
 
+# AES-GCM first: the CPU's AES instructions carry it faster than OpenSSH's default ChaCha20 (in the lab, one stream
+# of 1 GiB to node2: 755 MB/s against 512 MB/s); ChaCha20 stays for a peer without AES-GCM.
+HOP_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
+
+
 def hop_ssh(node: NodeSpec, with_key: bool) -> list[str]:
     """ssh from one node to `node`, for a script that runs on a node (the weights sync, the image copy).
 
@@ -134,7 +139,7 @@ def hop_ssh(node: NodeSpec, with_key: bool) -> list[str]:
     it); host keys are accepted on first use into that run's own known_hosts.
     """
     hop = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-           "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}", "-o", "LogLevel=ERROR",
+           "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}", "-o", "LogLevel=ERROR", "-o", f"Ciphers={HOP_CIPHERS}",
            "-o", "StrictHostKeyChecking=accept-new", "-o", "UserKnownHostsFile=${SPARK_VLLM_SSH_DIR}/known_hosts"]
     if with_key:
         hop += ["-o", "IdentitiesOnly=yes", "-o", "IdentityFile=${SPARK_VLLM_SSH_DIR}/key"]
@@ -152,8 +157,9 @@ def rsync_argv(path: str, node: NodeSpec, host: str, compare: str, with_key: boo
 
     Links are copied as the files they point to (a Hugging Face cache snapshot is a folder of links into its blob
     store, which the other node does not have), and dot-files at the top (huggingface_hub's and spark-vllm's
-    records under .cache/) are the source's own.
+    records under .cache/) are the source's own. A file that differs is sent whole: on the fabric that is faster than
+    rsync's delta, which reads the file on both nodes to find what changed.
     """
-    return ["rsync", "-a", "--copy-links", "--exclude=/.*", *RSYNC_COMPARE[compare],
+    return ["rsync", "-a", "--whole-file", "--copy-links", "--exclude=/.*", *RSYNC_COMPARE[compare],
             f"--rsync-path=mkdir -p {shlex.quote(path)} && rsync", "-e", " ".join(hop_ssh(node, with_key)),
             f"{path}/", f"{node.ssh_user}@{host}:{path}/"]

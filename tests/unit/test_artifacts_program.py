@@ -69,7 +69,7 @@ def test_every_sync_follows_the_download_and_every_engine_its_nodes_weights(tmp_
     for sync in syncs:
         assert download.urn in sync.dependencies and sync.ignore_changes == []
         # Compared by size and time: a new revision's file may keep its size.
-        assert " rsync -a --copy-links '--exclude=/.*' '--rsync-path=" in sync.inputs["create"]
+        assert " rsync -a --whole-file --copy-links '--exclude=/.*' '--rsync-path=" in sync.inputs["create"]
     # Nothing that runs is replaced before every node's weights are in place: each engine waits for all of them.
     for engine in ("ray-head-container", "ray-worker-spark2-container", "ray-worker-spark3-container"):
         assert {download.urn, *(s.urn for s in syncs)} <= set(rec.by_name(engine).dependencies)

@@ -128,9 +128,10 @@ def test_run_is_bounded_retries_included(cluster, fake_ssh, monkeypatch):
 def test_the_hop_between_nodes_reads_its_key_from_the_scripts_folder(cluster):
     argv = node_runner.rsync_argv("/models/a b", cluster.node("spark2"), "192.168.200.2", compare="checksum",
                                   with_key=True)
-    assert argv == ["rsync", "-a", "--copy-links", "--exclude=/.*", "--checksum",
+    assert argv == ["rsync", "-a", "--whole-file", "--copy-links", "--exclude=/.*", "--checksum",
                     "--rsync-path=mkdir -p '/models/a b' && rsync", "-e",
                     "ssh -o BatchMode=yes -o ConnectTimeout=15 -o ServerAliveInterval=15 -o LogLevel=ERROR "
+                    "-o Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com "
                     "-o StrictHostKeyChecking=accept-new -o UserKnownHostsFile=${SPARK_VLLM_SSH_DIR}/known_hosts "
                     "-o IdentitiesOnly=yes -o IdentityFile=${SPARK_VLLM_SSH_DIR}/key -p 22",
                     "/models/a b/", "nvidia@192.168.200.2:/models/a b/"]

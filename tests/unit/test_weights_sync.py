@@ -42,8 +42,8 @@ def test_every_engine_waits_for_the_syncs_run_on_the_head_over_the_fabric(tmp_pa
     for worker, ip in (("spark2", "192.168.200.2"), ("spark3", "192.168.200.3")):
         sync = rec.by_name(f"weights-sync-{worker}")
         assert sync.parent == component.urn
-        assert sync.inputs["create"].startswith(f"sh -s -- spark1 {worker} {ip} /models/big 3600 rsync -a --copy-links "
-                                                f"'--exclude=/.*' --size-only ")
+        assert sync.inputs["create"].startswith(f"sh -s -- spark1 {worker} {ip} /models/big 3600 rsync -a --whole-file "
+                                                f"--copy-links '--exclude=/.*' --size-only ")
         assert sync.inputs["create"].endswith(f" /models/big/ nvidia@{ip}:/models/big/")
         assert sync.inputs["connection"]["value"]["host"] == "10.10.10.11"  # rsync runs on the head
         container = rec.by_name(f"ray-worker-{worker}-container")
@@ -91,7 +91,7 @@ def test_hashed_weights_are_compared_by_checksum(tmp_path, monkeypatch):
     for f in facts.values():
         f["model"]["sha256"] = {name: "0" * 64 for name in SHARDS}
     rec = program(tmp_path, monkeypatch, facts=facts, syncWeights=True, hashWeights=True, syncTimeoutSeconds=600)
-    assert " /models/big 600 rsync -a --copy-links '--exclude=/.*' --checksum " in \
+    assert " /models/big 600 rsync -a --whole-file --copy-links '--exclude=/.*' --checksum " in \
         rec.by_name("weights-sync-spark2").inputs["create"]
 
 
@@ -173,7 +173,7 @@ def test_the_script_copies_over_the_fabric_with_the_key_in_a_private_file_it_rem
     assert len(lines) == 4 and lines[3].startswith("spark-vllm: synced 1 file, 4.0 MiB, from spark1 to spark2 in ")
     assert lines[3].endswith(" GB/s")
     argv = (out / "argv").read_text().splitlines()
-    assert argv[:6] == ["--info=progress2", "--out-format=SPARK_VLLM_FILE %l %n", "-a", "--copy-links",
+    assert argv[:7] == ["--info=progress2", "--out-format=SPARK_VLLM_FILE %l %n", "-a", "--whole-file", "--copy-links",
                         "--exclude=/.*", "--size-only"]
     assert argv[-2:] == ["/models/big/", "nvidia@192.168.200.2:/models/big/"]
     assert "--rsync-path=mkdir -p /models/big && rsync" in argv
