@@ -1,5 +1,5 @@
 """Keeps the benchmarks working: bench/run at one repetition at N=2 (CI's setting), with Ray and with
-`executor: mp`, and bench/loaders at its smallest. They check the reports' shape, never a timing."""
+`executor: mp`, bench/loaders and bench/artifacts at their smallest. They check the reports' shape, never a timing."""
 
 from __future__ import annotations
 
@@ -60,3 +60,22 @@ def test_bench_loaders_prints_each_format_against_the_floor(lab2, tmp_path):
     assert set(figures) == {"auto", "instanttensor"}
     for f in figures.values():
         assert len(f["seconds"]) == len(f["floorSeconds"]) == len(f["ratio"]) == 1 and f["floorSeconds"][0] > 0
+
+
+def test_bench_artifacts_prints_each_step_against_its_floor(lab2, tmp_path):
+    """bench/artifacts at its smallest: 0.05 GiB in 4 MiB shards (13 of them), one repetition."""
+    out = tmp_path / "artifacts.json"
+    done = subprocess.run([str(ROOT / "bench" / "artifacts"), "--gib", "0.05", "--shard-mib", "4", "--reps", "1",
+                           "--out", str(out)], env={**os.environ, **lab2}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| step | seconds | floor (s) | ÷ floor |" in done.stdout
+    rows = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in
+            line][1:]
+    assert rows == ["download (node1 from the Hub)", "sync (node1 to node2)", "download + distribution"], done.stdout
+    assert "Image copy node1 → node2" in done.stdout and "of the fabric's" in done.stdout
+    result = json.loads(out.read_text())
+    assert set(result["floors"]) == {"hub", "disk node1", "disk node2", "fabric"}
+    run = result["runs"][0]
+    assert 13 * 4194560 < run["bytes"] < 13 * 4194560 + (64 << 10)  # the shards, and the few small files fetched
+    assert {"download_s", "sync_s", "copy_s", "copy_bytes", "up_s"} <= set(run)
+
