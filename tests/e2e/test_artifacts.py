@@ -44,10 +44,9 @@ def services(lab2):
 @pytest.fixture(scope="module")
 def art(lab2, services, tmp_path_factory):
     reg, _, ref = services
-    # Neither node holds the stack's image (node1 not even the lab's tag of it), nor any of its weights.
+    # Neither node holds the stack's image, not even under the lab's own tag, nor any of its weights.
     for node in (1, 2):
-        node_sh(node, f"rm -rf {MODEL}; docker rmi {ref} >/dev/null 2>&1; true")
-    node_sh(1, f"docker rmi {MP_IMAGE}")
+        node_sh(node, f"rm -rf {MODEL}; docker rmi {ref} >/dev/null 2>&1; docker rmi {MP_IMAGE}")
     config = {"serve.path": MODEL, "serve.image": ref, "serve.hub.repo": "lab/tiny", "serve.hub.endpoint": HUB_URL,
               "images.pull": "head", "images.registryUser": reg.user}
     try:
@@ -57,8 +56,10 @@ def art(lab2, services, tmp_path_factory):
     finally:
         for node in (1, 2):
             node_sh(node, f"rm -rf {MODEL}", check=False)
-        # node1 holds the lab's image again under its own tag (the same id), and neither holds the registry's.
-        node_sh(1, f"docker image inspect {MP_IMAGE} >/dev/null 2>&1 || docker tag {ref} {MP_IMAGE}", check=False)
+        # Each node holds the lab's image again under its own tag (the same id), and neither holds the registry's.
+        for node in (1, 2):
+            node_sh(node, f"docker image inspect {MP_IMAGE} >/dev/null 2>&1 || docker tag {ref} {MP_IMAGE}",
+                    check=False)
         for node in (1, 2):
             node_sh(node, f"docker rmi {ref} >/dev/null 2>&1; true", check=False)
 
@@ -147,7 +148,10 @@ def test_a_model_id_and_an_image_tag_come_up_on_nodes_that_hold_neither(art, ser
     assert (f"spark-vllm: the download of {SHARD4} failed: the Hub at {HUB_URL} failed while sending {SHARD4}"
             in failed.output), failed.output
     assert not any(name.startswith("vllm-rank") for _, name in steps(failed))  # nothing loads what is not there
-    assert image_id(2, ref) == image_id(1, ref) != ""  # the image arrived meanwhile: node1 pulled, node2 copied
+    # The image arrived meanwhile: node1 pulled it, node2 got node1's copy over the fabric.
+    assert image_id(2, ref) == image_id(1, ref) != ""
+    assert f"spark-vllm: pulled {ref} on node1 as " in failed.output
+    assert f"spark-vllm: copied {ref} to node2: " in failed.output
 
     double.start()
     up = art.up()
@@ -219,6 +223,7 @@ def test_a_lost_file_and_a_removed_image_are_seen_by_a_plain_preview_and_repaire
     art.up()
     assert sums(2) == sums(1)
 
+    # Untagged by hand while its rank runs: Docker keeps the build for the container, under no name.
     held = image_id(2, ref)
     node_sh(2, f"docker rmi -f {ref}")
     preview = art.pulumi("preview", check=True)
@@ -227,7 +232,8 @@ def test_a_lost_file_and_a_removed_image_are_seen_by_a_plain_preview_and_repaire
         "warn", f"node2 lacks {ref}; up copies node1's ({held[7:19]}, {image_size(1, ref)}) over the fabric before "
                 "anything starts here")
     up = art.up()
-    assert f"copied {ref} to node2" in up.output and image_id(2, ref) == held
+    assert f"node2 held {held[:19]} under another name: tagged it {ref}, nothing copied" in up.output
+    assert image_id(2, ref) == held
     assert not any(name.startswith("vllm-rank") for _, name in steps(up) if _ != "same")
     art.pulumi("preview", "--expect-no-changes", check=True)
 
