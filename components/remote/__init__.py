@@ -13,6 +13,11 @@ def script(name: str) -> str:
     return (_HERE / name).read_text()
 
 
+def with_progress(name: str) -> str:
+    """A Python script that moves artifacts, after the helpers it prints with (progress.py)."""
+    return script("progress.py") + "\n\n" + script(name)
+
+
 def docker_exec(container: str, argv: list[str]) -> str:
     """A shell command that runs `argv` inside `container` with stdin attached (for scripts sent on stdin)."""
     return shlex.join(["docker", "exec", "-i", container, *argv])

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="name-defined"
+# (say, human and SHOW_EVERY_S come first when it is sent: components/remote/progress.py)
 """Downloads a model's files from the Hugging Face Hub into its weights folder, with the real huggingface_hub client.
 
 Runs inside the model's image (which carries the client), as `python3 -` with this text on stdin, sent by
@@ -23,19 +25,6 @@ TOKEN = base64.b64decode("@TOKEN@").decode() or None
 RECORD = ".cache/spark-vllm/hub.json"
 INCOMPLETE_DIR = ".cache/huggingface/download"  # where huggingface_hub writes a file in flight (local_dir mode)
 WORKERS = 8
-SHOW_EVERY_S = 10
-
-
-def say(text):
-    print(f"spark-vllm: {text}", flush=True)
-
-
-def human(n):
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def left(seconds):

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="name-defined"
+# (say, human and SHOW_EVERY_S come first when it is sent: components/remote/progress.py)
 """Copies the model's image from this node to another over the fabric: `docker save` here, streamed through ssh into
 `docker load` there, with progress in bytes (components/resources/image_transfer.py). Nothing is copied when the
 other node already holds the same image id; after a copy its id must be this node's, or the copy fails.
@@ -20,19 +22,6 @@ import time
 
 KEY = base64.b64decode("@KEY@")
 CHUNK = 4 << 20
-SHOW_EVERY_S = 10
-
-
-def say(text):
-    print(f"spark-vllm: {text}", flush=True)
-
-
-def human(n):
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def inspect(argv_prefix, image):

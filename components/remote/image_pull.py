@@ -1,3 +1,5 @@
+# mypy: disable-error-code="name-defined"
+# (say, human and SHOW_EVERY_S come first when it is sent: components/remote/progress.py)
 """Pulls the model's image from its registry on this node, through the Docker Engine API, with progress in bytes
 (components/resources/image_transfer.py). The credentials go to the daemon in the request's X-Registry-Auth header:
 no `docker login`, nothing stored on the node. A pull that moves no byte for `stall_s` is cut (the daemon stops a
@@ -18,19 +20,6 @@ import time
 from urllib.parse import quote, urlencode
 
 PASSWORD = base64.b64decode("@PASSWORD@").decode()
-SHOW_EVERY_S = 10
-
-
-def say(text):
-    print(f"spark-vllm: {text}", flush=True)
-
-
-def human(n):
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 class Engine(http.client.HTTPConnection):

@@ -23,7 +23,7 @@ from ..config.artifacts_config import registry_of
 from ..config.spec import Deployment
 from ..nodes.image_plan import Action, ImagePlan
 from ..nodes.node_runner import hop_ssh
-from ..remote import script
+from ..remote import with_progress
 
 IGNORED_WHEN_HELD = ["triggers", "create", "stdin", "connection"]
 
@@ -44,7 +44,7 @@ def pull_argv(deployment: Deployment, node: str, wanted: Optional[str]) -> list[
 def with_secret(name: str, placeholder: str, secret: Optional[str]) -> str:
     """A script with a secret inlined as base64 (no value can end it early); a secret whenever the value is."""
     value = secret.rstrip("\n") + "\n" if placeholder == "@KEY@" and secret else secret or ""
-    return script(name).replace(placeholder, base64.b64encode(value.encode()).decode())
+    return with_progress(name).replace(placeholder, base64.b64encode(value.encode()).decode())
 
 
 def triggers(deployment: Deployment, wanted: Optional[str], why: Optional[str], now: Optional[float] = None) -> list:

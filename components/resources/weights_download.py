@@ -22,7 +22,7 @@ import pulumi_command as command
 
 from ..config.spec import Deployment
 from ..nodes.hub_plan import HubPlan
-from ..remote import script
+from ..remote import script, with_progress
 
 RECORD = ".cache/spark-vllm/hub.json"  # what a download recorded, beside the weights; the probe reads it
 IGNORED_WHEN_CURRENT = ["triggers", "create", "stdin", "connection"]
@@ -42,7 +42,8 @@ def download_spec(deployment: Deployment, plan: HubPlan) -> dict:
 
 def download_program(spec: dict, token: Optional[str]) -> str:
     """components/remote/hub_download.py with the spec and the token inlined as base64 (no value can end the text)."""
-    program = script("hub_download.py").replace("@SPEC@", base64.b64encode(json.dumps(spec).encode()).decode())
+    program = with_progress("hub_download.py").replace("@SPEC@",
+                                                        base64.b64encode(json.dumps(spec).encode()).decode())
     return program.replace("@TOKEN@", base64.b64encode((token or "").encode()).decode())
 
 
