@@ -2,8 +2,10 @@
 so that two stacks never load on one node at the same time (docs/placement.md).
 
 One command a node, replaced (so run again) whenever what starts a new load changes, like the page-cache drops.
-The turns are taken in node-name order, each after the one before: two stacks that share two nodes cannot each
-hold one and wait for the other.
+Where another stack is deployed on one of the nodes (its memory claim is there, components/resources/memory_claim.py),
+the turns are taken in node-name order, each after the one before: two stacks that share two nodes cannot each hold
+one and wait for the other. Where none is, no other stack can hold a turn, and the nodes' turns are taken all at once:
+in a row, they cost a stack with eight nodes eight round trips before its vLLM starts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pulumi
 import pulumi_command as command
 
 from ..config.spec import ClusterSpec
+from ..nodes.node_facts import NodeFacts
 from ..remote import bounded, script
 from .spark_node import SparkNode
 
@@ -29,10 +32,21 @@ def give_back(stack: str) -> str:
             f"docker rm -f {TURN} >/dev/null 2>&1 || true; fi")
 
 
+def shared(stack: str, facts: Mapping[str, NodeFacts]) -> bool:
+    """Whether the turns must be taken in order: another stack's memory claim is on one of the nodes, or what the
+    nodes hold is unknown (preflight off, or a node it could not read)."""
+    for found in facts.values():
+        claims = found.claims
+        if claims is None or claims.unavailable or any(other != stack for other in claims.by_stack):
+            return True
+    return not facts
+
+
 def load_turns(name: str, parent: pulumi.Resource | None, stack: str, cluster: ClusterSpec,
                sparks: Mapping[str, SparkNode], triggers: list, seconds: int,
-               after: Sequence[pulumi.Resource] = ()) -> list[command.remote.Command]:
-    """`seconds` (the serve gate's bound) is how long this stack holds a turn at most, and waits for another's."""
+               after: Sequence[pulumi.Resource] = (), ordered: bool = True) -> list[command.remote.Command]:
+    """`seconds` (the serve gate's bound) is how long this stack holds a turn at most, and waits for another's;
+    `ordered`: each turn after the one before (see `shared`), else all at once."""
     host = cluster.head.fabric_ip if cluster.api_bind == "0.0.0.0" else cluster.api_bind
     health = f"http://{host}:{cluster.api_port}/health"
     turns: list[command.remote.Command] = []
@@ -50,5 +64,5 @@ def load_turns(name: str, parent: pulumi.Resource | None, stack: str, cluster: C
             add_previous_output_in_env=False,
             # The old turn is given back before the new one is taken: given back after, it would end the new one.
             opts=pulumi.ResourceOptions(parent=parent, replace_on_changes=["*"], delete_before_replace=True,
-                                        depends_on=[turns[-1]] if turns else list(after))))
+                                        depends_on=[turns[-1]] if turns and ordered else list(after))))
     return turns

@@ -97,6 +97,7 @@ class VllmServeArgs:
     load_s: int  # the longest a load may take (the serve gate's bound): how long a turn is held or waited for
     life: Optional[str] = None  # its life token (components/preflight/liveness.py): a new one restarts it
     weights: Optional[str] = None  # the commit of a Hub download's weights: a new one restarts it
+    ordered_turns: bool = True  # the nodes' load turns one after another (another stack shares a node), or at once
     after: tuple = ()  # what must exist before it starts: the stack's memory claims, each node's weights
 
 
@@ -117,7 +118,8 @@ class VllmServe(pulumi.ComponentResource):
         # What replaces the serve replaces these too; the secrets enter only as a digest, itself a secret.
         digest = stdin.apply(lambda text: hashlib.sha256(text.encode()).hexdigest()[:16])
         triggers = [args.cluster_ready_id, create, digest, *weights]
-        turns = load_turns(name, self, args.stack, args.cluster, args.sparks, triggers, args.load_s, args.after)
+        turns = load_turns(name, self, args.stack, args.cluster, args.sparks, triggers, args.load_s, args.after,
+                           args.ordered_turns)
         nodes = {node: spark.connection for node, spark in args.sparks.items()}
         drops = page_cache_drops(name, self, nodes, triggers, turns) if args.serve.drop_page_cache else []
         process = command.remote.Command(

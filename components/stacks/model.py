@@ -15,7 +15,7 @@ from ..nodes import load_floor, weight_manifests
 from ..resources.fabric_guard import FabricGuard, FabricGuardArgs
 from ..resources.gate import Gate, GateArgs
 from ..resources.gate_args import cluster_ready_args, rank_ready_args, serve_ready_args
-from ..resources.load_turn import load_turns
+from ..resources.load_turn import load_turns, shared
 from ..resources.memory_claim import MemoryClaim, MemoryClaimArgs
 from ..resources.mp_rank import MpRank, MpRankArgs, ranks_digest
 from ..resources.ray_node import RayNode, RayNodeArgs
@@ -79,6 +79,7 @@ def wire(deployment: Deployment) -> None:
     artifacts = (*image_ready.values(), *weights_ready.values())
     roots = {node.name: weights_root(deployment, facts, node.name) for node in cluster.nodes}
     version = checked.hub.commit if checked.hub else None  # a new commit is new weights: the serve loads again
+    ordered_turns = shared(deployment.stack, facts)  # docs/placement.md: a load at a time on a node
     guards = {
         node.name: FabricGuard(f"fabric-guard-{node.name}", FabricGuardArgs(
             stack=deployment.stack, cluster=cluster, node=node, connection=sparks[node.name].connection,
@@ -115,7 +116,7 @@ def wire(deployment: Deployment) -> None:
             head_container=head.container_name, cluster_ready_id=cluster_ready.ready_id,
             secrets={key: secret[key] for key in deployment.secrets}, sparks=sparks,
             load_s=deployment.serve_ready_timeout_s, life=lives.serve.token, weights=version,
-            after=(*claims, *artifacts)))
+            after=(*claims, *artifacts), ordered_turns=ordered_turns))
         serve_ready = Gate("serve-ready", GateArgs(
             connection=head_spark.connection, container=head.container_name, script="serve_ready.py",
             args=serve_ready_args(cluster, serve), triggers=[serve_process.serve_id],
@@ -136,7 +137,7 @@ def wire(deployment: Deployment) -> None:
         # One stack loads on a node at a time (docs/placement.md): each node's turn first, then its cache drop.
         life = [lives.serve.token] if lives.serve.token else []  # a dead group's new ranks load again
         turns = load_turns("mp-serve", None, deployment.stack, cluster, sparks, [digest, *life],
-                           deployment.serve_ready_timeout_s, [*claims, *artifacts])
+                           deployment.serve_ready_timeout_s, [*claims, *artifacts], ordered_turns)
         drops = page_cache_drops("mp-serve", None, {n: s.connection for n, s in sparks.items()},
                                  [digest], turns) if serve.drop_page_cache else []
         head = MpRank(f"vllm-rank-{cluster.head.name}", MpRankArgs(

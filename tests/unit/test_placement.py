@@ -199,3 +199,30 @@ def test_the_load_turns_are_taken_in_node_name_order_before_vllm_starts(tmp_path
         "2>/dev/null)\" = test ]; then docker rm -f spark-vllm-load-turn >/dev/null 2>&1 || true; fi")
     # Replaced, the old turn is given back first: after, it would end the new one (same name, same stack).
     assert three.delete_before_replace
+
+
+@pytest.mark.parametrize("executor, prefix", [("ray", "vllm-serve"), ("mp", "mp-serve")])
+def test_with_no_other_stack_on_its_nodes_a_stack_takes_every_turn_at_once(tmp_path, monkeypatch, executor, prefix):
+    """No other stack's memory claim on any of the nodes: no other stack can hold a turn there, so the turns are
+    taken at once, not in a row; one other stack's claim on one node puts them back in order."""
+    from components import preflight
+    from components.nodes.node_facts import parse
+    from test_preflight_checks import healthy
+
+    def turns_after(facts):
+        monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
+        rec = run_program(stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True},
+                                       serve={"executor": executor}))
+        turns = {node: rec.by_name(f"{prefix}-load-turn-{node}") for node in ("spark1", "spark2", "spark3")}
+        return {node: {rec.resources[urn].name for urn in turn.dependencies
+                       if rec.resources[urn].name.startswith(prefix)} for node, turn in turns.items()}
+
+    facts = healthy()
+    if executor == "mp":
+        facts["spark1"]["ports"] = {"29501": {"free": True}, "8000": {"free": True}, "29511": {"free": True}}
+    for node in facts.values():
+        node["claims"] = {"byStack": {"test": 0.85}}  # this stack's own claims only
+    assert turns_after(facts) == {"spark1": set(), "spark2": set(), "spark3": set()}
+    facts["spark2"]["claims"]["byStack"]["other"] = 0.01
+    assert turns_after(facts) == {"spark1": set(), "spark2": {f"{prefix}-load-turn-spark1"},
+                                  "spark3": {f"{prefix}-load-turn-spark2"}}
