@@ -22,7 +22,7 @@ PLAIN_SECRET_ENV = {"VLLM_API_KEY": "apiKey", "HF_TOKEN": "hfToken", "HUGGING_FA
 PINNED_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME",
               "OMPI_MCA_btl_tcp_if_include", "MASTER_ADDR", "RAY_memory_monitor_refresh_ms",
               "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "RAY_prestart_worker_first_driver", "AUTOSCALER_METRIC_PORT",
-              "DASHBOARD_METRIC_PORT")
+              "DASHBOARD_METRIC_PORT", "RAY_gcs_server_port_wait_time_s")
 # What RDMA and NCCL need (the anchors' `--ulimit` flags); a host that cannot grant them sets lower ones.
 DEFAULT_ULIMITS = {"memlock": -1, "stack": 67108864, "nofile": 1048576}
 # Ray's fixed ports besides the GCS and the dashboard: `ray start` flag -> (key under `ray:`, default). Ray binds

@@ -79,6 +79,11 @@ def judge(deployment: Deployment, facts: Mapping[str, NodeFacts], stamp: Optiona
         engines = {n.name: container(n, ray_name(stack, n), "it and what depends on it will be recreated"
                                      if n.head else "it, the cluster gate and the serve will be recreated")
                    for n in cluster.nodes}
+        if engines[head.name].token == new:
+            # A new head is a new cluster: its workers are recreated with it, whether the engine replaces the head
+            # or, after a refresh found it gone, creates it. They do not wait for its container (Ray's workers keep
+            # trying to reach the GCS), so nothing but their own token ties them to it.
+            engines = {name: Life(new, life.dead) for name, life in engines.items()}
         serve = _ray_serve(on_head, engines[head.name], new, gave_up)
         if serve.dead:
             dead[head.name].append(f"{serve.dead}: the serve will be restarted")

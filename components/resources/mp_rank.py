@@ -66,6 +66,7 @@ class MpRankArgs:
     spark: SparkNode
     digest: pulumi.Input[str]  # every rank's settings, the images and the secrets, as one digest
     head: Optional["MpRank"] = None  # set for workers: ties them to one head
+    head_id_label: bool = False  # the head's id in a label: with preflight off, where no life token follows the head
     # rank 0 only: keys of SECRET_ENV; the values are Pulumi secrets
     secrets: Optional[Mapping[str, pulumi.Input[str]]] = None
     depends_on: tuple = ()  # the node's fabric guard and weights sync, the page-cache drops
@@ -84,7 +85,7 @@ class MpRank(pulumi.ComponentResource):
     def __init__(self, name: str, args: MpRankArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:MpRank", name, None, opts)
         cluster, node = args.cluster, args.node
-        labels = node_labels(args.stack, node, args.head.container_id if args.head else None,
+        labels = node_labels(args.stack, node, args.head.container_id if args.head and args.head_id_label else None,
                              docker.ContainerLabelArgs(label="spark-vllm.ranks-digest", value=args.digest),
                              *life_labels(args.life))
         env = container_env(cluster, node, fabric_env)

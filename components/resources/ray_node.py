@@ -22,6 +22,7 @@ from .watchdog import volume_name
 
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
 HEAD_ONLY_RAY_PORTS = {"ray-client-server-port"}  # the Ray client server runs on the head alone
+GCS_WAIT_S = 120  # how long a worker keeps trying to reach its head's GCS
 
 
 def fabric_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
@@ -54,6 +55,9 @@ def pinned_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
         "RAY_prestart_worker_first_driver": "0",
         # Not an address, but pinned alike: the fabric guard closes these ports, so they must not move.
         **{var: str(port) for var, port in cluster.ray_port_env.items()},
+        # A worker starts beside its head, not after it (node_labels): it tries the head's GCS once a second, 20
+        # times by default (ray/_private/node.py), then gives up; this is how long it keeps trying.
+        **({} if node.head else {"RAY_gcs_server_port_wait_time_s": str(GCS_WAIT_S)}),
     }
 
 
@@ -101,12 +105,15 @@ def ray_start(cluster: ClusterSpec, node: NodeSpec) -> list[str]:
 
 def node_labels(stack: str, node: NodeSpec, head_id: Optional[pulumi.Input[str]],
                 *extra: docker.ContainerLabelArgs) -> list[docker.ContainerLabelArgs]:
-    """The stack, the role, `extra`, then (for a worker) the id of its head's container.
+    """The stack, the role, `extra`, then (for a worker, when given) the id of its head's container.
 
-    A worker must rejoin whenever the head is new; depends_on alone would leave it running against a dead head.
-    The head's id in a label makes a new head part of the worker's diff (also a head re-created after drift);
-    `replace_with` makes the engine take the worker down *before* a head it replaces, which the label cannot:
-    pulumi-docker answers "no diff" while the id is unknown.
+    A worker must rejoin whenever the head is new. With preflight on, the head's life token does that: a new head
+    gives its workers new tokens too (components/preflight/liveness.py), and a worker need not wait for the head's
+    container to be made (Ray's worker and vLLM's ranks keep trying to reach the head), so it starts beside it.
+    With preflight off there are no tokens, and the head's id in a label makes a new head part of the worker's diff
+    (also a head re-created after drift), at the cost of the worker waiting for it. Either way `replace_with` makes
+    the engine take the worker down *before* a head it replaces, which a label cannot: pulumi-docker answers "no
+    diff" while the id is unknown.
     """
     labels = [docker.ContainerLabelArgs(label="spark-vllm.stack", value=stack),
               docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if node.head else "worker"), *extra]
@@ -127,6 +134,7 @@ class RayNodeArgs:
     node: NodeSpec
     spark: SparkNode
     head: Optional["RayNode"] = None  # set for workers: ties them to one head
+    head_id_label: bool = False  # the head's id in a label: with preflight off, where no life token follows the head
     guard: Optional[pulumi.Resource] = None  # the node's fabric guard: its rules go in before Ray opens a port
     # Every node's image copy or pull, weights download and sync: nothing that runs is replaced before all are done.
     artifacts: Sequence[pulumi.Resource] = ()
@@ -144,7 +152,7 @@ class RayNode(pulumi.ComponentResource):
     def __init__(self, name: str, args: RayNodeArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:RayNode", name, None, opts)
         cluster, node = args.cluster, args.node
-        labels = node_labels(args.stack, node, args.head.container_id if args.head else None,
+        labels = node_labels(args.stack, node, args.head.container_id if args.head and args.head_id_label else None,
                              *life_labels(args.life))
         self.container_name = container_name(args.stack, node)
         settings = runtime_settings(cluster, args.serve, args.weights_root)

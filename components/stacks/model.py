@@ -101,7 +101,8 @@ def wire(deployment: Deployment) -> None:
         workers = {
             node.name: RayNode(f"ray-worker-{node.name}",
                                RayNodeArgs(stack=deployment.stack, cluster=cluster, serve=serve, node=node,
-                                           spark=sparks[node.name], head=head, guard=guards.get(node.name),
+                                           spark=sparks[node.name], head=head, head_id_label=not facts,
+                                           guard=guards.get(node.name),
                                            artifacts=artifacts, weights_root=roots[node.name],
                                            life=lives.engine(node.name)))
             for node in cluster.workers
@@ -148,7 +149,7 @@ def wire(deployment: Deployment) -> None:
         ranks = {cluster.head.name: head, **{
             node.name: MpRank(f"vllm-rank-{node.name}", MpRankArgs(
                 stack=deployment.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name], digest=digest,
-                head=head, weights_root=roots[node.name],
+                head=head, head_id_label=not facts, weights_root=roots[node.name],
                 depends_on=(guards.get(node.name), *artifacts, *turns, *drops),
                 life=lives.serve.token))
             for node in cluster.workers}}

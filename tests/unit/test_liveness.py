@@ -91,7 +91,8 @@ def test_an_exited_head_is_recreated_with_what_depends_on_it(tmp_path):
     running = ray_running()
     running["spark1"] = {"containers": {HEAD: up(running=False, status="exited", exitCode=255, finishedAgo=250)}}
     lives = judged(deployment(tmp_path), running)
-    assert [lives.engine(n) for n in NODES] == [NEW, "L1", "L1"]
+    # Its workers too: a new head is a new cluster, and nothing else ties them to it (they start beside it).
+    assert [lives.engine(n) for n in NODES] == [NEW, NEW, NEW]
     assert lives.serve == liveness.Life(NEW)  # with its container, which says why
     assert lives.dead["spark1"] == (f"{HEAD} exited 4 min ago (code 255): it and what depends on it will be "
                                     "recreated",)

@@ -152,7 +152,11 @@ def test_containers_are_pinned_to_the_fabric(rec):
 def test_the_pinned_variables_are_the_ones_config_refuses_to_override(tmp_path):
     # validate.PINNED_ENV guards the user's extras; it must name exactly what ray_node pins.
     d = loader.load("t", stack_config(write_catalog(tmp_path / "catalog")), set(), ROOT)
-    assert set(pinned_env(d.cluster, d.cluster.head)) == set(validate.PINNED_ENV)
+    pinned = set(pinned_env(d.cluster, d.cluster.head)) | set(pinned_env(d.cluster, d.cluster.workers[0]))
+    assert pinned == set(validate.PINNED_ENV)
+    # A worker keeps trying its head's GCS for as long as the head takes to come up beside it.
+    assert pinned_env(d.cluster, d.cluster.workers[0])["RAY_gcs_server_port_wait_time_s"] == "120"
+    assert "RAY_gcs_server_port_wait_time_s" not in pinned_env(d.cluster, d.cluster.head)
 
 
 def test_head_and_worker_ray_flags(rec):
@@ -287,3 +291,24 @@ def test_gates_are_bounded(rec):
     assert "--management=spark1=10.10.10.11" in gate and "--gpus=3" in gate
     ready = rec.by_name("serve-ready-gate").inputs["create"]
     assert "--timeout=2400" in ready and "--model=big" in ready and "--url=http://127.0.0.1:8000" in ready
+
+
+@pytest.mark.parametrize("executor, head_name, worker", [("ray", "ray-head-container", "ray-worker-spark2-container"),
+                                                         ("mp", "vllm-rank-spark1-container",
+                                                          "vllm-rank-spark2-container")])
+def test_with_preflight_a_worker_starts_beside_its_head(tmp_path, monkeypatch, executor, head_name, worker):
+    """The head's life token follows it to its workers (liveness.py), so a worker waits for no head container: Ray's
+    worker and vLLM's ranks keep trying to reach the head. A replaced head still takes its workers down first."""
+    from components import preflight
+    from components.nodes.node_facts import parse
+    from test_preflight_checks import healthy
+
+    facts = healthy()
+    if executor == "mp":
+        facts["spark1"]["ports"] = {"29501": {"free": True}, "8000": {"free": True}, "29511": {"free": True}}
+    monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
+    rec = run_program(stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True},
+                                   serve={"executor": executor}))
+    head, w = rec.by_name(head_name), rec.by_name(worker)
+    assert head.urn not in w.dependencies and w.replace_with == [head.urn]
+    assert not any("spark-vllm.head-id" in json.dumps(label) for label in w.inputs["labels"])
