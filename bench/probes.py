@@ -76,6 +76,18 @@ def wait_models(max_model_len: int, start: float, timeout: float = 300,
     raise TimeoutError(f"{API} did not list {MODEL} (max_model_len {max_model_len}) within {timeout:g} s")
 
 
+def wait_down(timeout: float = 60) -> None:
+    """Until the API stops answering: a killed rank takes rank 0 down a moment later."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(API, timeout=1).close()
+        except (OSError, ValueError):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{API} still answers {timeout:g} s after a rank was killed")
+
+
 def ssh_round_trip(host: str) -> float:
     """One `ssh <host> true` with the lab's ssh config: a new connection each time, as each ssh call makes."""
     start = time.monotonic()

@@ -46,12 +46,15 @@ def markdown(r: dict) -> str:
     for n, s in sorted(f["scaling"].items(), key=lambda kv: int(kv[0])):
         for key, label in (("preview_s", "preview from empty"), ("up_s", "up from empty → `/v1/models`")):
             ratio = s.get(key.replace("_s", "_ratio_vs_2"))
-            rows.append(("5", f"N={n}: {label}", _s(s[key]), "vs N=2 in the same run" if ratio else "",
-                         _x(ratio), "≤ +10 % a node" if ratio else ""))
-        mp = f["mp"]["scaling"][n]
-        rows.append(("5", f"N={n}: mp up from empty → `/v1/models`", _s(mp["up_s"]),
-                     "vs mp N=2 in the same run" if "up_ratio_vs_2" in mp else "", _x(mp.get("up_ratio_vs_2")),
-                     "≤ +10 % a node" if "up_ratio_vs_2" in mp else ""))
+            cpu = f"; CPU {_s(s['up_cpu_s'])}" if key == "up_s" and s.get("up_cpu_s") else ""
+            rows.append(("5", f"N={n}: {label}", _s(s[key]) + cpu, "vs N=2 in the same run" if ratio else "",
+                         _x(ratio), "≤ 1.2× at N=4" if ratio else ""))
+    for n, mp in sorted(f["mp"]["scaling"].items(), key=lambda kv: int(kv[0])):
+        for key, label in (("up", "mp up from empty → `/v1/models`"), ("preview", "mp no-op preview"),
+                           ("repair", "mp repair of one dead worker → `/v1/models`")):
+            ratio = mp.get(f"{key}_ratio_vs_2")
+            rows.append(("5", f"N={n}: {label}", f"{_s(mp.get(f'{key}_s'))}; CPU {_s(mp.get(f'{key}_cpu_s'))}",
+                         "vs mp N=2 in the same run" if ratio else "", _x(ratio), "≤ 1.2× at N=8" if ratio else ""))
     out = [f"Lab benchmark, {r['date']}, {r['reps']} repetitions (median [min–max]); `{r['command']}`", "",
            "| # | figure | spark-vllm | baseline or floor | ratio | goal |", "|---|---|---|---|---|---|"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
@@ -99,3 +102,49 @@ def _by_size(title: str, scaling: dict, made_label: str, gate_label: str, gate_p
 
 def _counts(values: list[int]) -> str:
     return ", ".join(str(v) for v in sorted(set(values)))
+
+
+# The headline figures a change must not make worse: (label, path in the figures, lower is better).
+HEADLINES = [
+    ("no-op preview (s)", ("noop_preview", "spark_vllm_s")),
+    ("no-op preview ÷ empty program", ("noop_preview", "ratio")),
+    ("up from empty, Ray (s)", ("cold_start", "spark_vllm_s")),
+    ("up from empty, Ray ÷ seed", ("cold_start", "ratio")),
+    ("serve-only change, Ray ÷ seed", ("serve_change", "ratio")),
+    ("up from empty, mp ÷ seed", ("mp", "cold_start", "ratio")),
+    ("serve-only change, mp ÷ seed", ("mp", "serve_change", "ratio")),
+]
+
+
+def _at(figures: dict, path: tuple) -> dict | None:
+    for key in path:
+        if not isinstance(figures, dict) or key not in figures:
+            return None
+        figures = figures[key]
+    return figures
+
+
+def compare(now: dict, saved: dict) -> str:
+    """Every headline figure of this run against a saved run's: a regression is a range wholly above the saved
+    range (beyond the noise of both), an improvement one wholly below."""
+    paths = list(HEADLINES)
+    for n in sorted(now["figures"]["mp"]["scaling"], key=int):
+        if n != "2":
+            paths += [(f"mp at N={n}: {key} ÷ N=2", ("mp", "scaling", n, f"{key}_ratio_vs_2"))
+                      for key in ("up", "preview", "repair")]
+    out = ["", f"Against {saved['date']} (`{saved['command']}`):", "",
+           "| figure | saved | now | now ÷ saved | verdict |", "|---|---|---|---|---|"]
+    for label, path in paths:
+        a, b = _at(saved["figures"], path), _at(now["figures"], path)
+        if not a or not b:
+            out.append(f"| {label} | {_v(a)} | {_v(b)} | — | not in both runs |")
+            continue
+        verdict = ("worse: a regression" if b["min"] > a["max"] else "better" if b["max"] < a["min"]
+                   else "within the noise")
+        out.append(f"| {label} | {_v(a)} | {_v(b)} | {b['median'] / a['median']:.2f} | {verdict} |")
+    return "\n".join(out)
+
+
+def _v(stat: dict | None) -> str:
+    return "—" if not stat else f"{stat['median']:.2f} [{stat['min']:.2f}–{stat['max']:.2f}]"
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import threading
@@ -12,12 +13,22 @@ from pathlib import Path
 from typing import Optional
 
 
+def host_cpu_s() -> float:
+    """CPU seconds this machine has spent busy (every core, every process: the lab's nodes are processes of this
+    kernel), from /proc/stat: a difference of two readings is what an operation cost the machine."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Timed:
     returncode: int
     seconds: float
     lines: list[tuple[float, str]]  # (seconds since start, output line)
     events: list[tuple[float, dict]] = field(default_factory=list)  # (seconds since start, engine event)
+    cpu_s: float = 0.0  # the machine's busy CPU seconds while it ran
 
     @property
     def output(self) -> str:
@@ -28,7 +39,7 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], event_log: Optional[Path
         timeout: float = 900) -> Timed:
     """Runs `cmd` to its end. The event log's own timestamps have 1 s resolution, so lines are stamped on
     arrival by polling the file while the engine writes it."""
-    start = time.monotonic()
+    start, cpu = time.monotonic(), host_cpu_s()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[tuple[float, str]] = []
 
@@ -52,11 +63,11 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], event_log: Optional[Path
         proc.kill()
         proc.wait()
         raise
-    seconds = time.monotonic() - start
+    seconds, cpu = time.monotonic() - start, host_cpu_s() - cpu
     reader.join()
     if tail:
         events += [(seconds, e) for e in tail.read()]
-    return Timed(proc.returncode, seconds, lines, events)
+    return Timed(proc.returncode, seconds, lines, events, cpu)
 
 
 class _Tail:

@@ -28,7 +28,9 @@ def test_bench_quick_prints_the_table_and_writes_json(lab2, tmp_path):
                  f["noop_up"]["spark_vllm_s"], f["serve_change"]["ratio"], f["cold_start"]["ratio"],
                  f["scaling"]["2"]["up_s"], f["breakdown"]["floors"]["ray_join_s"],
                  f["mp"]["cold_start"]["ratio"], f["mp"]["cold_start"]["vs_ray_ratio"],
-                 f["mp"]["serve_change"]["ratio"], f["mp"]["scaling"]["2"]["up_s"]):
+                 f["mp"]["serve_change"]["ratio"], f["mp"]["scaling"]["2"]["up_s"], f["scaling"]["2"]["up_cpu_s"],
+                 f["mp"]["scaling"]["2"]["up_cpu_s"], f["mp"]["scaling"]["2"]["preview_s"],
+                 f["mp"]["scaling"]["2"]["repair_s"], f["mp"]["scaling"]["2"]["repair_cpu_s"]):
         assert set(stat) == STAT and len(stat["samples"]) >= 1
     # What the figures stand for, not how fast: spark-vllm restarts no container on a serve-only change, the
     # seed restarts all of them, and the seed deployed exactly what spark-vllm deploys.
