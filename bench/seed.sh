@@ -21,7 +21,9 @@ IMAGE=spark-vllm-lab/ray-vllm:2.60.0-double1
 MODEL=/models/lab-tiny
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}
 
-# The flags spark-vllm's RayNode gives a lab container (no GPU, no RDMA, the lab host's ulimits).
+# The flags spark-vllm's RayNode gives a lab container (no GPU, no RDMA, the lab host's ulimits). A worker
+# also gets RAY_gcs_server_port_wait_time_s=120, as spark-vllm's do (it changes no timing here: the seed's
+# worker starts after its head).
 run_flags="--network host --ipc host --shm-size 256m
   --ulimit memlock=8388608:8388608 --ulimit nofile=20000:20000 --ulimit stack=67108864:67108864
   --mount type=bind,source=$MODEL,target=$MODEL,readonly
@@ -50,7 +52,8 @@ $ssh $HEAD docker run -d --name seed-ray-head $run_flags $(env_flags $HEAD_IP) $
   --disable-usage-stats --block
 
 echo "start worker"
-$ssh $WORKER docker run -d --name seed-ray-worker $run_flags $(env_flags $WORKER_IP) $IMAGE \
+$ssh $WORKER docker run -d --name seed-ray-worker $run_flags $(env_flags $WORKER_IP) \
+  -e RAY_gcs_server_port_wait_time_s=120 $IMAGE \
   start --address=$HEAD_IP:6379 --node-ip-address=$WORKER_IP --num-gpus=1 $ports $workers \
   --disable-usage-stats --block
 
