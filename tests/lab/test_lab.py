@@ -301,7 +301,7 @@ def test_status_reports_every_node_healthy():
     assert "unreachable" in out
 
 
-KEPT_VOLUMES = [f"svl-lab-node{i}-docker" for i in (1, 2, 3)]
+NODE_VOLUME = re.compile(r"svl-lab-node\d+-docker")
 
 
 def test_down_leaves_nothing_but_the_nodes_volumes_and_is_idempotent():
@@ -310,10 +310,12 @@ def test_down_leaves_nothing_but_the_nodes_volumes_and_is_idempotent():
                          f"{INNER} true")
     with measure("lab down"):
         out = lab("down", timeout=600).stdout
-    assert f"kept the nodes' volumes, with their images: {', '.join(KEPT_VOLUMES)}" in out, out
     left = lab_objects()
-    assert {**left, "volumes": sorted(left["volumes"])} == {"containers": [], "networks": [], "volumes": KEPT_VOLUMES,
-                                                            "links": [], "route": []}
+    # Node volumes of larger labs (the bench's eight nodes) may outlive this module's three: they are kept alike.
+    kept = [v for v in left["volumes"] if NODE_VOLUME.fullmatch(v)]
+    assert {f"svl-lab-node{i}-docker" for i in (1, 2, 3)} <= set(kept)
+    assert f"kept the nodes' volumes, with their images: {', '.join(kept)}" in out, out
+    assert left == {"containers": [], "networks": [], "volumes": kept, "links": [], "route": []}
     assert not SSH_CONFIG.exists()
     assert "nothing (lab was already down)" in lab("down", timeout=120).stdout
     assert sh([str(LAB), "status"], check=False).returncode == 1
