@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import timing
+from labkit.config import INNER_IMAGE
 from labstack import ENGINE_PATH, LabStack
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,31 +43,74 @@ class Timer:
         return done
 
 
-class EmptyProgram:
-    """A Python program that registers nothing, hosted the same way, on the same kind of backend."""
+class Program:
+    """A small Python program, hosted as spark-vllm's is (scripts/pulumi, the same venv), on the same kind of
+    backend: the floors spark-vllm's own figures are measured against."""
 
-    def __init__(self, workdir: Path, env: dict[str, str]):
-        self.dir = workdir / "empty"
+    def __init__(self, workdir: Path, name: str, source: str, env: dict[str, str]):
+        self.dir = workdir / name
         self.dir.mkdir()
         (self.dir / "Pulumi.yaml").write_text(
-            "name: bench-empty\nruntime:\n  name: python\n  options:\n    toolchain: pip\n    virtualenv: .venv\n")
-        (self.dir / "__main__.py").write_text("import pulumi  # noqa: F401  (the SDK's start-up, nothing else)\n")
+            f"name: bench-{name}\nruntime:\n  name: python\n  options:\n    toolchain: pip\n    virtualenv: .venv\n")
+        (self.dir / "__main__.py").write_text(source)
         (self.dir / ".venv").symlink_to(ROOT / ".venv")
-        self.env, self.runs = env, 0
+        self.name, self.env, self.runs, self.deployed = name, env, 0, False
         self._pulumi("stack", "init")
 
     def _pulumi(self, *args: str) -> timing.Timed:
         self.runs += 1
         events = self.dir / f"events-{self.runs:03d}.jsonl"
         extra = ["--event-log", str(events)] if args[0] == "preview" else []
-        done = timing.run([str(ROOT / "scripts" / "pulumi"), *args, *extra, "--non-interactive", "--stack", "empty"],
-                          self.dir, self.env, events if extra else None)
+        extra += ["--yes", "--skip-preview"] if args[0] in ("up", "destroy") else []
+        done = timing.run([str(ROOT / "scripts" / "pulumi"), *args, *extra, "--non-interactive", "--stack", "bench"],
+                          self.dir, self.env, events if args[0] == "preview" else None)
         if done.returncode != 0:
-            raise RuntimeError(f"empty program: pulumi {' '.join(args)} failed:\n{done.output[-4000:]}")
+            raise RuntimeError(f"{self.name} program: pulumi {' '.join(args)} failed:\n{done.output[-4000:]}")
         return done
 
     def preview(self) -> timing.Timed:
-        return self._pulumi("preview")
+        """Deployed, a no-op preview (it fails on any change); never deployed, the plan of its stack alone."""
+        return self._pulumi("preview", *(["--expect-no-changes"] if self.deployed else []))
+
+    def up(self) -> timing.Timed:
+        done = self._pulumi("up")
+        self.deployed = True
+        return done
+
+    def destroy(self) -> timing.Timed:
+        done = self._pulumi("destroy")
+        self.deployed = False
+        return done
+
+
+EMPTY = "import pulumi  # noqa: F401  (the SDK's start-up, nothing else)\n"
+
+# The lab's head node over SSH, as spark-vllm reaches it: a Docker provider and a remote command's connection.
+_NODE1 = """import os
+import pulumi
+import pulumi_command as command
+import pulumi_docker as docker
+
+lab = os.path.expanduser("~/.cache/spark-vllm/lab")
+ssh = ["-o", "IdentitiesOnly=yes", "-i", f"{lab}/id_ed25519", "-o", f"UserKnownHostsFile={lab}/known_hosts"]
+connection = command.remote.ConnectionArgs(host="172.29.87.11", user="root",
+                                           private_key=pulumi.Output.secret(open(f"{lab}/id_ed25519").read()))
+"""
+
+# Both provider plugins, each with one resource on the head node: the lab's image, kept on the node, and a remote
+# command. A no-op preview of it, deployed, is what the plugins themselves cost.
+PROVIDERS = _NODE1 + f"""
+node = docker.Provider("node1", host="ssh://root@172.29.87.11", ssh_opts=ssh)
+docker.RemoteImage("floor", name="{INNER_IMAGE}", keep_locally=True, opts=pulumi.ResourceOptions(provider=node))
+command.remote.Command("floor", create="true", connection=connection)
+"""
+
+
+def resources(count: int) -> str:
+    """A program of `count` remote commands that do nothing: the engine's own cost a resource, with the plugin's
+    check and diff that every custom resource has."""
+    return _NODE1 + (f"for i in range({count}):\n"
+                     "    command.remote.Command(f'r{i}', create='true', connection=connection)\n")
 
 
 def steps(done: timing.Timed) -> list[dict]:

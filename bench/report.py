@@ -22,6 +22,9 @@ def markdown(r: dict) -> str:
          "empty program: " + _s(f["noop_preview"]["empty_program_s"]), _x(f["noop_preview"]["ratio"]), "≤ 1.5×"),
         ("1", "… the same with `preflight.enabled: false`", _s(f["noop_preview"]["without_preflight_s"]),
          "empty program (same repetition)", _x(f["noop_preview"]["without_preflight_ratio"]), "—"),
+        ("1", "… against the providers' floor", "",
+         "both plugins, one resource each: " + _s(f["noop_preview"].get("providers_floor_s")),
+         _x(f["noop_preview"].get("providers_ratio")), "≤ 1.3× (real plugins)"),
         ("2", "no-op `pulumi up`", _s(f["noop_up"]["spark_vllm_s"]), "none (the seed restarts everything)", "—", "—"),
         ("3", "serve-only change → `/v1/models` answers", _s(f["serve_change"]["spark_vllm_s"]),
          "seed full restart: " + _s(f["serve_change"]["seed_s"]), _x(f["serve_change"]["ratio"]), "≤ 0.3×"),
@@ -70,6 +73,16 @@ def markdown(r: dict) -> str:
                     "cluster-ready-")
     out += _by_size("Up from empty with `executor: mp` by cluster size", f["mp"]["scaling"],
                     "rank containers created by", "slowest ranks-ready gate", "ranks-ready-")
+    out += ["", "The engine's own cost: a no-op preview of a deployed program of as many resources (local commands"
+                " that do nothing), against mp's no-op preview", "",
+            "| N | resources | engine alone | mp no-op preview | ratio |", "|---|---|---|---|---|"]
+    out += [f"| {n} | {mp['resources']} | {_s(mp['engine_floor_preview_s'])} | {_s(mp['preview_s'])} |"
+            f" {_x(mp['preview_ratio_vs_engine_floor'])} |"
+            for n, mp in sorted(f["mp"]["scaling"].items(), key=lambda kv: int(kv[0])) if "resources" in mp]
+    out += [f"mp at N={n}: rank containers after up {_counts(mp['ranks_after_up'])}, after the repair "
+            f"{_counts(mp['ranks_after_repair'])}; spark-vllm containers left after destroy "
+            f"{_counts(mp['containers_left_after_destroy'])}"
+            for n, mp in sorted(f["mp"]["scaling"].items(), key=lambda kv: int(kv[0])) if "ranks_after_up" in mp]
     out.append(f"\nUp from empty: the first resource step began {_s(b['first_step_s'])} after `pulumi up` started"
                " (CLI, language host, program, preflight).")
     fl = b["floors"]
@@ -108,6 +121,7 @@ def _counts(values: list[int]) -> str:
 HEADLINES = [
     ("no-op preview (s)", ("noop_preview", "spark_vllm_s")),
     ("no-op preview ÷ empty program", ("noop_preview", "ratio")),
+    ("no-op preview ÷ providers' floor", ("noop_preview", "providers_ratio")),
     ("up from empty, Ray (s)", ("cold_start", "spark_vllm_s")),
     ("up from empty, Ray ÷ seed", ("cold_start", "ratio")),
     ("serve-only change, Ray ÷ seed", ("serve_change", "ratio")),

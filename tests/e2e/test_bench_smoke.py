@@ -1,5 +1,7 @@
-"""Keeps the benchmarks working: bench/run at one repetition at N=2 (CI's setting), with Ray and with
-`executor: mp`, bench/loaders and bench/artifacts at their smallest. They check the reports' shape, never a timing."""
+"""Keeps the benchmarks working: bench/run at one repetition (CI's setting), with Ray at N=2 and with `executor: mp`
+at N=2 and N=8, bench/loaders and bench/artifacts at their smallest. They check the reports' shape and what was
+deployed, never a timing. The eight-node scenario (mp deploys a rank on every node, one dead worker is repaired,
+destroy leaves nothing) runs here, in CI, as part of the bench's own run."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ STAT = {"median", "min", "max", "samples"}
 
 def test_bench_quick_prints_the_table_and_writes_json(lab2, tmp_path):
     out = tmp_path / "bench.json"
-    done = subprocess.run([str(ROOT / "bench" / "run"), "--reps", "1", "--nodes", "2", "--quick", "--out", str(out)],
-                          env={**os.environ, **lab2}, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([str(ROOT / "bench" / "run"), "--reps", "1", "--nodes", "2,8", "--ray-nodes", "2", "--quick",
+                           "--out", str(out)], env={**os.environ, **lab2}, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| # | figure | spark-vllm | baseline or floor | ratio | goal |" in done.stdout
     assert "| step | start | end | took |" in done.stdout
@@ -30,7 +32,10 @@ def test_bench_quick_prints_the_table_and_writes_json(lab2, tmp_path):
                  f["mp"]["cold_start"]["ratio"], f["mp"]["cold_start"]["vs_ray_ratio"],
                  f["mp"]["serve_change"]["ratio"], f["mp"]["scaling"]["2"]["up_s"], f["scaling"]["2"]["up_cpu_s"],
                  f["mp"]["scaling"]["2"]["up_cpu_s"], f["mp"]["scaling"]["2"]["preview_s"],
-                 f["mp"]["scaling"]["2"]["repair_s"], f["mp"]["scaling"]["2"]["repair_cpu_s"]):
+                 f["mp"]["scaling"]["2"]["repair_s"], f["mp"]["scaling"]["2"]["repair_cpu_s"],
+                 f["noop_preview"]["providers_floor_s"], f["noop_preview"]["providers_ratio"],
+                 f["mp"]["scaling"]["8"]["engine_floor_preview_s"],
+                 f["mp"]["scaling"]["8"]["preview_ratio_vs_engine_floor"]):
         assert set(stat) == STAT and len(stat["samples"]) >= 1
     # What the figures stand for, not how fast: spark-vllm restarts no container on a serve-only change, the
     # seed restarts all of them, and the seed deployed exactly what spark-vllm deploys.
@@ -46,6 +51,18 @@ def test_bench_quick_prints_the_table_and_writes_json(lab2, tmp_path):
     assert {"vllm-rank-node1-container", "vllm-rank-node2-container", "ranks-ready-node2-gate",
             "serve-ready-gate"} <= mp_steps
     assert "Up from empty with `executor: mp` by cluster size" in done.stdout
+    # Eight nodes with mp: a rank on each after up and after one dead worker's repair, nothing left after destroy.
+    for n in (2, 8):
+        mp = f["mp"]["scaling"][str(n)]
+        assert (mp["ranks_after_up"], mp["ranks_after_repair"], mp["containers_left_after_destroy"]) == ([n], [n], [0])
+    assert set(f["scaling"]) == {"2"}  # Ray only up to --ray-nodes
+    # Every node adds its own resources (a provider, an image, a rank, its gates...) to the engine's count.
+    per_node = (f["mp"]["scaling"]["8"]["resources"] - f["mp"]["scaling"]["2"]["resources"]) / 6
+    assert per_node == int(per_node) and per_node >= 5, f["mp"]["scaling"]
+    for key in ("up", "preview", "repair"):
+        assert set(f["mp"]["scaling"]["8"][f"{key}_ratio_vs_2"]) == STAT
+    assert "mp at N=8: rank containers after up 8, after the repair 8; spark-vllm containers left after destroy 0" \
+        in done.stdout
 
 
 def test_bench_loaders_prints_each_format_against_the_floor(lab2, tmp_path):
