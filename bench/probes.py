@@ -44,6 +44,22 @@ def containers(nodes: list[int]) -> dict[str, str]:
     return out
 
 
+def nodes_cpu_s(nodes: list[int]) -> float:
+    """CPU seconds the lab's node containers have spent (their sshd, dockerd, containers and probes), from their
+    cgroups: on real Sparks that work runs on each node's own cores, beside the others'."""
+    total = 0.0
+    for node in nodes:
+        cid = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", f"svl-lab-node{node}"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        v1 = Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage")  # cgroup v1: nanoseconds
+        if v1.exists():
+            total += int(v1.read_text()) / 1e9
+            continue
+        stat = Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat").read_text()  # v2: microseconds
+        total += int(re.search(r"^usage_usec (\d+)", stat, re.M).group(1)) / 1e6
+    return total
+
+
 def restarted(before: dict[str, str], after: dict[str, str]) -> int:
     """Containers that ran before and are gone after (each replaced one counts once)."""
     return len(set(before) - set(after))

@@ -56,7 +56,9 @@ def markdown(r: dict) -> str:
         for key, label in (("up", "mp up from empty → `/v1/models`"), ("preview", "mp no-op preview"),
                            ("repair", "mp repair of one dead worker → `/v1/models`")):
             ratio = mp.get(f"{key}_ratio_vs_2")
-            rows.append(("5", f"N={n}: {label}", f"{_s(mp.get(f'{key}_s'))}; CPU {_s(mp.get(f'{key}_cpu_s'))}",
+            cpu = f"CPU {_s(mp.get(f'{key}_cpu_s'))}" + (f" (the nodes {_s(mp[f'{key}_nodes_cpu_s'])})"
+                                                           if f"{key}_nodes_cpu_s" in mp else "")
+            rows.append(("5", f"N={n}: {label}", f"{_s(mp.get(f'{key}_s'))}; {cpu}",
                          "vs mp N=2 in the same run" if ratio else "", _x(ratio), "≤ 1.2× at N=8" if ratio else ""))
     out = [f"Lab benchmark, {r['date']}, {r['reps']} repetitions (median [min–max]); `{r['command']}`", "",
            "| # | figure | spark-vllm | baseline or floor | ratio | goal |", "|---|---|---|---|---|---|"]
