@@ -56,8 +56,9 @@ def markdown(r: dict) -> str:
         for key, label in (("up", "mp up from empty → `/v1/models`"), ("preview", "mp no-op preview"),
                            ("repair", "mp repair of one dead worker → `/v1/models`")):
             ratio = mp.get(f"{key}_ratio_vs_2")
-            cpu = f"CPU {_s(mp.get(f'{key}_cpu_s'))}" + (f" (the nodes {_s(mp[f'{key}_nodes_cpu_s'])})"
-                                                           if f"{key}_nodes_cpu_s" in mp else "")
+            cpu = f"CPU {_s(mp.get(f'{key}_cpu_s'))}" + (
+                f" (the nodes {_s(mp[f'{key}_nodes_cpu_s'])}, `pulumi` and its plugins {_s(mp[f'{key}_pulumi_cpu_s'])})"
+                if f"{key}_pulumi_cpu_s" in mp else "")
             rows.append(("5", f"N={n}: {label}", f"{_s(mp.get(f'{key}_s'))}; {cpu}",
                          "vs mp N=2 in the same run" if ratio else "", _x(ratio), "≤ 1.2× at N=8" if ratio else ""))
     out = [f"Lab benchmark, {r['date']}, {r['reps']} repetitions (median [min–max]); `{r['command']}`", "",
@@ -75,7 +76,7 @@ def markdown(r: dict) -> str:
                     "cluster-ready-")
     out += _by_size("Up from empty with `executor: mp` by cluster size", f["mp"]["scaling"],
                     "rank containers created by", "slowest ranks-ready gate", "ranks-ready-")
-    out += ["", "The engine's own cost: a no-op preview of a deployed program of as many resources (local commands"
+    out += ["", "The engine's own cost: a no-op preview of a deployed program of as many resources (remote commands"
                 " that do nothing), against mp's no-op preview", "",
             "| N | resources | engine alone | mp no-op preview | ratio |", "|---|---|---|---|---|"]
     out += [f"| {n} | {mp['resources']} | {_s(mp['engine_floor_preview_s'])} | {_s(mp['preview_s'])} |"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import os
 import statistics
 import subprocess
@@ -29,6 +30,7 @@ class Timed:
     lines: list[tuple[float, str]]  # (seconds since start, output line)
     events: list[tuple[float, dict]] = field(default_factory=list)  # (seconds since start, engine event)
     cpu_s: float = 0.0  # the machine's busy CPU seconds while it ran
+    tree_cpu_s: float = 0.0  # of them, the command's own and its descendants' (the engine, program, plugins, ssh)
 
     @property
     def output(self) -> str:
@@ -39,7 +41,7 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], event_log: Optional[Path
         timeout: float = 900) -> Timed:
     """Runs `cmd` to its end. The event log's own timestamps have 1 s resolution, so lines are stamped on
     arrival by polling the file while the engine writes it."""
-    start, cpu = time.monotonic(), host_cpu_s()
+    start, cpu, tree = time.monotonic(), host_cpu_s(), _children_cpu_s()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[tuple[float, str]] = []
 
@@ -67,7 +69,14 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], event_log: Optional[Path
     reader.join()
     if tail:
         events += [(seconds, e) for e in tail.read()]
-    return Timed(proc.returncode, seconds, lines, events, cpu)
+    return Timed(proc.returncode, seconds, lines, events, cpu, _children_cpu_s() - tree)
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's waited-for descendants: each waits for its own children, so a `pulumi`
+    command's reading covers its plugins and their ssh clients too (not an ssh master left running)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 class _Tail:
