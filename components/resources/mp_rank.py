@@ -5,8 +5,9 @@ Node rank 0 is the head: it serves the API and hosts the rendezvous at `--master
 and Docker owns its lifetime. Each rank is pinned to its node's fabric like the Ray containers (`fabric_env`).
 
 A torch.distributed group cannot take back one rank, so every rank restarts together: each carries a digest of
-every rank's settings in a label (a change anywhere replaces all), and the workers carry the head's container id
-and `replace_with` it, as Ray's workers do (a head replaced alone, after a reboot, takes them with it).
+every rank's settings in a label (a change anywhere replaces all), and the workers `replace_with` the head's
+container, as Ray's workers do (a head replaced alone, after a reboot, takes them with it), and carry its id in a
+label when preflight is off (ray_node.node_labels).
 """
 
 from __future__ import annotations

@@ -55,8 +55,8 @@ def pinned_env(cluster: ClusterSpec, node: NodeSpec) -> dict[str, str]:
         "RAY_prestart_worker_first_driver": "0",
         # Not an address, but pinned alike: the fabric guard closes these ports, so they must not move.
         **{var: str(port) for var, port in cluster.ray_port_env.items()},
-        # A worker starts beside its head, not after it (node_labels): it tries the head's GCS once a second, 20
-        # times by default (ray/_private/node.py), then gives up; this is how long it keeps trying.
+        # A worker may start before its head's GCS listens (node_labels): it tries it once a second, 20 times by
+        # default (ray/_private/node.py), then gives up; this is how long it keeps trying.
         **({} if node.head else {"RAY_gcs_server_port_wait_time_s": str(GCS_WAIT_S)}),
     }
 
@@ -108,12 +108,12 @@ def node_labels(stack: str, node: NodeSpec, head_id: Optional[pulumi.Input[str]]
     """The stack, the role, `extra`, then (for a worker, when given) the id of its head's container.
 
     A worker must rejoin whenever the head is new. With preflight on, the head's life token does that: a new head
-    gives its workers new tokens too (components/preflight/liveness.py), and a worker need not wait for the head's
-    container to be made (Ray's worker and vLLM's ranks keep trying to reach the head), so it starts beside it.
-    With preflight off there are no tokens, and the head's id in a label makes a new head part of the worker's diff
-    (also a head re-created after drift), at the cost of the worker waiting for it. Either way `replace_with` makes
-    the engine take the worker down *before* a head it replaces, which a label cannot: pulumi-docker answers "no
-    diff" while the id is unknown.
+    gives its workers new tokens too (components/preflight/liveness.py), and no label needs the head's id (Ray's
+    worker and vLLM's ranks keep trying to reach the head). With preflight off there are no tokens, and the head's
+    id in a label makes a new head part of the worker's diff (also a head re-created after drift). Either way
+    `replace_with` makes the engine take the worker down *before* a head it replaces, which a label cannot:
+    pulumi-docker answers "no diff" while the id is unknown. It also makes the worker wait until the head is
+    created: the Python SDK awaits the URN of a resource that `replace_with` names.
     """
     labels = [docker.ContainerLabelArgs(label="spark-vllm.stack", value=stack),
               docker.ContainerLabelArgs(label="spark-vllm.role", value="head" if node.head else "worker"), *extra]
