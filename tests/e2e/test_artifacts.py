@@ -77,6 +77,12 @@ def served_by_now(double) -> dict[str, int]:
     return {name.split("/", 2)[2]: n for name, n in double.served().items()}
 
 
+def sizes(revision: str) -> dict[str, int]:
+    """Each file of lab/tiny at a revision, with its size in bytes, as the Hub lists them."""
+    with urllib.request.urlopen(f"{HUB_URL}/api/models/lab/tiny/revision/{revision}?blobs=true", timeout=10) as r:
+        return {s["rfilename"]: s["size"] for s in json.load(r)["siblings"]}
+
+
 def commit_of(revision: str) -> str:
     """The commit the double serves for a revision, as a client reads it."""
     with urllib.request.urlopen(f"{HUB_URL}/api/models/lab/tiny/revision/{revision}", timeout=10) as r:
@@ -132,28 +138,32 @@ def test_a_model_id_and_an_image_tag_come_up_on_nodes_that_hold_neither(art, ser
     result = {}
     worker = threading.Thread(target=lambda: result.setdefault("up", art.up(check=False)))
     worker.start()
+    # Every other file whole first (the download fetches several at once), so that the stalled shard is the one
+    # the Hub dies on.
+    size = sizes("main")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         got = served_by_now(double)
-        finished = [name for name, n in got.items() if n == SHARD]
-        if len(finished) == 3 and got.get(SHARD4, 0) >= 1 << 20:
+        whole = [name for name, n in got.items() if name != SHARD4 and n == size[name]]
+        if len(whole) == 8 and got.get(SHARD4, 0) >= 1 << 20:
             break
         time.sleep(0.2)
     else:
         raise AssertionError(f"the download never reached the stalled shard: {served_by_now(double)}")
     double.kill()
-    worker.join(timeout=300)
-    failed = result["up"]
-    assert failed.returncode != 0
-    assert (f"spark-vllm: the download of {SHARD4} failed: the Hub at {HUB_URL} failed while sending {SHARD4}"
-            in failed.output), failed.output
-    assert not any(name.startswith("vllm-rank") for _, name in steps(failed))  # nothing loads what is not there
-    # The image arrived meanwhile: node1 pulled it, node2 got node1's copy over the fabric.
-    assert image_id(2, ref) == image_id(1, ref) != ""
-    assert f"spark-vllm: pulled {ref} on node1 as " in failed.output
-    assert f"spark-vllm: copied {ref} to node2: " in failed.output
-
-    double.start()
+    try:
+        worker.join(timeout=300)
+        failed = result["up"]
+        assert failed.returncode != 0
+        assert (f"spark-vllm: the download of {SHARD4} failed: the Hub at {HUB_URL} failed while sending {SHARD4}"
+                in failed.output), failed.output
+        assert not any(name.startswith("vllm-rank") for _, name in steps(failed))  # nothing loads what is not there
+        # The image arrived meanwhile: node1 pulled it, node2 got node1's copy over the fabric.
+        assert image_id(2, ref) == image_id(1, ref) != ""
+        assert f"spark-vllm: pulled {ref} on node1 as " in failed.output
+        assert f"spark-vllm: copied {ref} to node2: " in failed.output
+    finally:
+        double.start()  # the module's other scenarios need the Hub
     up = art.up()
     assert served_by_now(double) == {SHARD4: SHARD}, up.output  # the rest, not the whole model again
     assert "synced 9 files, 16.0 MiB, from node1 to node2" in up.output
