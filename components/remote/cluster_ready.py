@@ -97,8 +97,24 @@ def wait_for_port(host, port, deadline):
     return False
 
 
-def alive_nodes(ray):
-    return [n for n in ray.nodes() if n["Alive"]]
+def node_table(address):
+    """A function that lists the alive nodes as ray.nodes() does. It asks the GCS itself when this Ray has a GCS
+    client that lists nodes; else, as a driver (ray.init), which registers a job and connects to the head's
+    raylet first."""
+    try:
+        from ray._raylet import GcsClient
+        client = GcsClient(address=address)
+
+        def from_gcs():
+            return [{"NodeManagerAddress": info.node_manager_address, "NodeManagerPort": info.node_manager_port,
+                     "Resources": dict(info.resources_total)}
+                    for info in client.get_all_node_info().values() if info.state == 0]  # 0: ALIVE
+        from_gcs()
+        return from_gcs
+    except (ImportError, AttributeError, TypeError):
+        import ray
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+        return lambda: [n for n in ray.nodes() if n["Alive"]]
 
 
 def raylets_by_ip(nodes):
@@ -140,12 +156,11 @@ def main():
     problems = [f"Ray's GCS at {a.address} does not accept connections"]
     failed = f"cluster not ready after {a.timeout:.0f}s"
     if wait_for_port(host, int(port), deadline):
-        import ray
-        ray.init(address=a.address, logging_level=logging.ERROR, log_to_driver=False)
+        alive_nodes = node_table(a.address)
         shown = None
         silent_since: dict[str, float] = {}
         while True:
-            nodes = alive_nodes(ray)
+            nodes = alive_nodes()
             raylets = raylets_by_ip(nodes)
             unreachable = {ip for ip, state in raylets.items() if state != "up"}
             now = time.monotonic()
