@@ -102,7 +102,7 @@ def node_table(address):
     client that lists nodes; else, as a driver (ray.init), which registers a job and connects to the head's
     raylet first."""
     try:
-        from ray._raylet import GcsClient
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled; mypy sees no such name
         client = GcsClient(address=address)
 
         def from_gcs():
