@@ -399,6 +399,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 2048  # uvicorn's backlog: socketserver's 5 drops connections that arrive together
 
     def server_bind(self):
         # HTTPServer.server_bind would resolve the host name (a DNS query); nothing needs it.
