@@ -5,6 +5,7 @@ A stack whose file sets `spark-vllm:gateway` is a gateway, and takes only these 
   spark-vllm:catalog      the catalogs' folder, as for a model stack
   spark-vllm:gateway      {models: [model stacks], node: a node of the cluster, port: 4000, image, readySeconds}
   spark-vllm:gatewayKey   the one key every client sends (a secret)
+  spark-vllm:preflight    {enabled: true}: the router's node checked before any change (components/preflight/gateway.py)
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from .schema import Section, did_you_mean
 from .spec import NAMESPACE, ClusterSpec, NodeSpec
 
 GATEWAY_KEY = "gatewayKey"
-# The router: LiteLLM's proxy, pinned (docs/gateway.md says why this version and how the image is built).
-LITELLM_VERSION = "1.108.7"
-DEFAULT_IMAGE = f"spark-vllm/litellm:{LITELLM_VERSION}"
+# The router: HAProxy 2.6 or newer (docs/gateway.md says why, and how the image is built).
+DEFAULT_IMAGE = "spark-vllm/haproxy:2.6"
 # A Pulumi stack name, or a fully qualified one (organization/project/stack).
 STACK_NAME = re.compile(r"^([A-Za-z0-9_.-]+/){0,2}[A-Za-z0-9_.-]+$")
 
@@ -34,6 +34,7 @@ class GatewaySpec:
     image: str
     ready_timeout_s: int  # bound on the readiness gate: every route answering a completion
     ssh_private_key: Optional[str]
+    preflight: bool = True  # the node checked, and the router's life read, before any change
 
     @property
     def endpoint_host(self) -> str:
@@ -55,6 +56,7 @@ class GatewayKeys:
     image: str
     ready_timeout_s: int
     section: Section  # `spark-vllm:gateway`, for the node's error
+    preflight: bool
 
 
 def keys(top: Section, secret_keys: set[str]) -> GatewayKeys:
@@ -84,12 +86,16 @@ def keys(top: Section, secret_keys: set[str]) -> GatewayKeys:
     image = gw.image("image", DEFAULT_IMAGE)
     ready_s = gw.int("readySeconds", 300, lo=10, hi=3600)
     gw.done()
+    checks = top.section("preflight")
+    preflight = checks.bool("enabled", True)
+    checks.done()
     unknown = top.unknown()
     if unknown:
         key, value = unknown[0], top.data[unknown[0]]
-        raise top.error(key, value, f"only cluster, catalog, gateway and {GATEWAY_KEY} in a gateway stack (one that "
-                                    "sets spark-vllm:gateway)", f"({top.shown(key, value)!r}) is not a gateway's key")
-    return GatewayKeys(catalog, cluster, models, node, port, image, ready_s, gw)
+        raise top.error(key, value, f"only cluster, catalog, gateway, preflight and {GATEWAY_KEY} in a gateway stack "
+                                    "(one that sets spark-vllm:gateway)",
+                        f"({top.shown(key, value)!r}) is not a gateway's key")
+    return GatewayKeys(catalog, cluster, models, node, port, image, ready_s, gw, preflight)
 
 
 def place(cluster: ClusterSpec, keys: GatewayKeys) -> NodeSpec:

@@ -79,7 +79,8 @@ def load_gateway(stack: str, config: Mapping[str, Any], secret_keys: set[str],
     cluster = validate.cluster(clusters, keys.cluster)
     return gateway_config.GatewaySpec(
         stack=stack, cluster=cluster, node=gateway_config.place(cluster, keys), models=keys.models, port=keys.port,
-        image=keys.image, ready_timeout_s=keys.ready_timeout_s, ssh_private_key=_read_key(cluster, clusters.file))
+        image=keys.image, ready_timeout_s=keys.ready_timeout_s, ssh_private_key=_read_key(cluster, clusters.file),
+        preflight=keys.preflight)
 
 
 def _catalog_entry(folder: Path, folder_name: str, file: str, name: str, stack_file: str, what: str) -> Section:

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from ..nodes import node_runner
-from ..config.spec import Deployment, NodeSpec
+from ..config.spec import ClusterSpec, Deployment, NodeSpec
 from ..resources.fabric_guard import chain_prefix, guard_label
 from ..resources.memory_claim import FRACTION_LABEL, STACK_LABEL
 from ..resources.mp_rank import container_name as rank_name
@@ -65,15 +65,20 @@ def running_spec(deployment: Deployment, node: NodeSpec) -> dict:
 
 def probe(deployment: Deployment, node: NodeSpec) -> NodeFacts:
     """One node's facts; only `ssh_error` when SSH fails, `probe_error` when the probe cannot run."""
-    limit = deployment.preflight.timeout_s
+    return probe_node(deployment.cluster, node, probe_spec(deployment, node), deployment.preflight.timeout_s)
+
+
+def probe_node(cluster: ClusterSpec, node: NodeSpec, spec: dict, limit: int,
+               bound: str = "spark-vllm:preflight.timeoutSeconds") -> NodeFacts:
+    """The probe's facts of `node` with `spec` (a model stack's, or a gateway's), within `limit` seconds (`bound`
+    says what sets it)."""
     start = time.monotonic()
     try:
-        spec = shlex.quote(json.dumps(probe_spec(deployment, node)))
-        cluster = deployment.cluster
-        done = node_runner.run(cluster.ssh, node, node_runner.jump_of(cluster, node), f"python3 - {spec}",
+        argument = shlex.quote(json.dumps(spec))
+        done = node_runner.run(cluster.ssh, node, node_runner.jump_of(cluster, node), f"python3 - {argument}",
                                stdin=script("preflight_probe.py"), timeout=limit)
     except subprocess.TimeoutExpired:
-        return NodeFacts(ssh_error=f"gave no answer within {limit} s (spark-vllm:preflight.timeoutSeconds)")
+        return NodeFacts(ssh_error=f"gave no answer within {limit} s ({bound})")
     seconds = round(time.monotonic() - start, 1)
     printed = [line[len(MARK):] for line in done.stdout.splitlines() if line.startswith(MARK)]
     if printed:

@@ -1,12 +1,11 @@
-"""Waits for the gateway to route: LiteLLM's liveness, then a one-token completion through it for every model it
-lists. Runs inside the gateway's container (`python3 - ARGS`, this file on stdin), whose environment holds the key
-(LITELLM_MASTER_KEY): the key is never an argument. Prints what each model last answered while it waits, and on
-failure.
+"""Waits for the gateway to route: the router serving the config just written (its liveness answer names the
+config's digest), then a one-token completion through it for every model it lists. Runs on the router's node
+(`python3 - ARGS`, this file on stdin after a line that sets KEY, the gateway's key: it is never an argument).
+Prints what each model last answered while it waits, and on failure.
 """
 
 import argparse
 import json
-import os
 import sys
 import time
 import urllib.error
@@ -41,22 +40,28 @@ def brief(status, text):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--container", required=True)  # its own name, for the hint on failure
+    parser.add_argument("--container", required=True)  # the router's, for the hint on failure
+    parser.add_argument("--config", required=True)  # the digest its liveness answer names once it serves the config
     parser.add_argument("--timeout", type=int, required=True)
     a = parser.parse_args()
-    base, key = f"http://127.0.0.1:{a.port}", os.environ["LITELLM_MASTER_KEY"]
+    base, key = f"http://127.0.0.1:{a.port}", KEY  # type: ignore[name-defined] # noqa: F821 (the line before this file sets it)
     start = time.monotonic()
     deadline, last_report = start + a.timeout, start
     listed, pending, last = False, [], {}
     while time.monotonic() < deadline:
         if not listed:
-            status, text = call(f"{base}/v1/models", key)
-            if status == 200:
+            status, text = call(f"{base}/health/liveliness")
+            serving = status == 200 and json.loads(text).get("config") == a.config
+            if serving:
+                status, text = call(f"{base}/v1/models", key)
+            else:
+                last["/v1/models"] = f"its liveness answers {brief(status, text)}; waiting for config {a.config}"
+            if serving and status == 200:
                 models = sorted(m["id"] for m in json.loads(text)["data"])
                 listed, pending = True, list(models)
-                print(f"gateway: LiteLLM answers after {time.monotonic() - start:.0f} s, routing "
+                print(f"gateway: the router serves config {a.config} after {time.monotonic() - start:.0f} s, routing "
                       f"{', '.join(models) or 'no model'}", flush=True)
-            else:
+            elif serving:
                 last["/v1/models"] = brief(status, text)
         for model in list(pending):
             status, text = call(f"{base}/v1/chat/completions", key, timeout=60, body={
@@ -71,9 +76,9 @@ def main():
             return 0
         if time.monotonic() - last_report >= REPORT_EVERY_S:
             last_report = time.monotonic()
-            waiting = ", ".join(pending) if pending else "LiteLLM"
+            waiting = ", ".join(pending) if pending else "the router"
             print(f"gateway: waiting for {waiting} ({last_report - start:.0f}/{a.timeout} s)", flush=True)
-        time.sleep(1)
+        time.sleep(0.25)
     print(f"gateway: not ready after {a.timeout} s; what last answered:", file=sys.stderr)
     for what in pending if listed else ["/v1/models"]:
         print(f"  {what}: {last.get(what, 'not asked')}", file=sys.stderr)

@@ -172,6 +172,8 @@ def image(spec):
         raise Unavailable(f"`docker image inspect` failed: {error_line(err)}")
     image_id, _, size = out.strip().partition(" ")
     facts = {"present": True, "id": image_id, "size": int(size) if size.isdigit() else None}
+    if not spec.get("inside", True):  # the gateway's router: no vLLM to look for
+        return facts
     # An image id names its contents, so what is inside is read once per id: importing vLLM takes a while.
     cache = os.path.join(CACHE_DIR, "inside4-" + facts["id"].replace("sha256:", "") + ".json")
     kept = cached(cache)
@@ -556,8 +558,23 @@ def gather(name, fn, *args):
     return facts
 
 
+def gateway_facts(spec):
+    """A gateway's node: Docker, the router's image (present or not), its port, and the gateway's container."""
+    facts = {"docker": gather("docker", docker, spec)}
+    if "server" in facts["docker"]:
+        facts["image"] = gather("image", image, spec)
+        facts["running"] = gather("running", running, spec)
+    facts["ports"] = gather("ports", ports, spec)
+    return facts
+
+
 def main():
     spec = json.loads(sys.argv[1])
+    if spec.get("gateway"):
+        facts = gateway_facts(spec)
+        facts["timings"] = TIMINGS
+        print(MARK + json.dumps(facts))
+        return
     facts = {"docker": gather("docker", docker, spec)}
     docker_ok = "server" in facts["docker"]
     if docker_ok:

@@ -25,10 +25,12 @@ class GateArgs:
     connection: command.remote.ConnectionArgs  # of the node whose container runs the script
     container: Optional[str]  # where the script runs, with `docker exec`; None: on the node itself (it sees Docker)
     script: str  # a file in components/remote, sent on stdin
-    args: Sequence[str]  # the script's arguments, besides --timeout
+    args: Sequence[pulumi.Input[str]]  # the script's arguments, besides --timeout
     triggers: Sequence[pulumi.Input[str]]  # a change of any re-runs the gate
     timeout_s: int  # how long the script waits for readiness
     after: Sequence[pulumi.Resource] = ()  # what must succeed before this gate runs
+    # Python put before the script on its stdin: a secret the script needs (a key) stays out of its command line.
+    preamble: Optional[pulumi.Input[str]] = None
 
 
 class Gate(pulumi.ComponentResource):
@@ -43,13 +45,17 @@ class Gate(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GateArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:Gate", name, None, opts)
-        argv = ["python3", "-", *args.args, f"--timeout={args.timeout_s}"]
+        def create(values: list[str]) -> str:
+            argv = ["python3", "-", *values, f"--timeout={args.timeout_s}"]
+            return bounded(docker_exec(args.container, argv) if args.container else shlex.join(argv),
+                           args.timeout_s + REPORT_S)
+
+        text = script(args.script)
         check = command.remote.Command(
             f"{name}-gate",
             connection=args.connection,
-            create=bounded(docker_exec(args.container, argv) if args.container else shlex.join(argv),
-                           args.timeout_s + REPORT_S),
-            stdin=script(args.script),
+            create=pulumi.Output.all(*args.args).apply(create),
+            stdin=pulumi.Output.from_input(args.preamble).apply(lambda p: p + text) if args.preamble else text,
             triggers=list(args.triggers),
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["*"], depends_on=list(args.after)))

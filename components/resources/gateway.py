@@ -1,45 +1,54 @@
-"""The gateway: LiteLLM's proxy in a container on one node, routing by model name to model stacks (docs/gateway.md).
+"""The gateway: HAProxy in a container on one node, routing by model name to model stacks (docs/gateway.md).
 
 Each model stack is read through a `pulumi.StackReference`: its served name, its head's fabric IP and its API port
-make the route, and its `apiKey` output (a secret) the route's key. A stack with no `baseUrl` (never deployed, or
-destroyed) has no route. The routes are a label of the container, so `preview` shows which change; LiteLLM does not
-read its config again, so a route change replaces the container, and the readiness gate then waits for every route
-to answer a completion.
+make the route, and its `apiKey` output (a secret) the key the route sends. A stack with no `baseUrl` (never deployed,
+or destroyed) has no route. The router's config (components/resources/router_config.py) lives in a Docker volume of
+its own: a route change rewrites it and reloads the router in place, whose new process takes over the listening
+socket while the old one finishes its streams, so no request is dropped. The container itself changes only with its
+image or port.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import pulumi
+import pulumi_command as command
 import pulumi_docker as docker
-import yaml
 
 from ..config.gateway_config import GatewaySpec
+from ..remote import bounded
 from .gate import Gate, GateArgs
+from .labels import life_labels
+from .router_config import CONFIG_PATH, Backend, RouterConfig, render
 from .spark_node import SparkNode
 
-ROUTES_LABEL = "spark-vllm.routes"
-CONFIG_ENV = "SVL_GATEWAY_CONFIG"
-KEY_ENV = "SVL_ROUTE_KEY_{}"  # a route's backend key, which LiteLLM reads as os.environ/<name>
-# The config arrives in the environment (it holds no key: those are os.environ/ references), so no file is copied to
-# the node; the shell only writes it out, and no value is ever part of the shell string.
-START = ('printf "%s" "$SVL_GATEWAY_CONFIG" > /tmp/spark-vllm-gateway.yaml && '
-         'exec litellm --config /tmp/spark-vllm-gateway.yaml --host 0.0.0.0 --port "$SVL_GATEWAY_PORT"')
+CONFIG_DIR = CONFIG_PATH.rsplit("/", 1)[0]
+WRITE_S = 120  # bound on writing, checking and loading the config
 
 
 def container_name(stack: str) -> str:
     return f"spark-vllm-{stack}-gateway"
 
 
+def volume_name(stack: str) -> str:
+    return f"spark-vllm-{stack}-gateway-config"
+
+
 @dataclass(frozen=True)
 class Route:
     model: str  # the served name, which clients ask for
-    api_base: str
+    host: str  # the model stack's head, on the fabric
+    port: int
     stack: str
     keyed: bool  # whether the model stack has an API key
+
+    @property
+    def api_base(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
 
 
 def route(stack: str, outputs: dict[str, Any]) -> Optional[Route]:
@@ -48,34 +57,23 @@ def route(stack: str, outputs: dict[str, Any]) -> Optional[Route]:
         return None
     head = outputs["nodes"][0]
     port = int(outputs["ports"]["api.port"])  # another stack's numbers arrive as floats (a protobuf Struct)
-    return Route(outputs["servedModel"], f"http://{outputs['fabricIps'][head]}:{port}/v1",
-                 stack, bool(outputs.get("hasApiKey")))
+    return Route(outputs["servedModel"], outputs["fabricIps"][head], port, stack, bool(outputs.get("hasApiKey")))
 
 
-def litellm_config(routes: Sequence[Route]) -> str:
-    """LiteLLM's config: one entry per route, keys by environment reference, and no retry (a dead model's request
-    fails at once, for that model alone)."""
-    model_list = []
-    for i, r in enumerate(routes):
-        params = {"model": f"hosted_vllm/{r.model}", "api_base": r.api_base}
-        if r.keyed:
-            params["api_key"] = f"os.environ/{KEY_ENV.format(i)}"
-        model_list.append({"model_name": r.model, "litellm_params": params})
-    return yaml.safe_dump({
-        "model_list": model_list,
-        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
-        "router_settings": {"num_retries": 0},
-        "litellm_settings": {"num_retries": 0},
-    }, sort_keys=False)
+def router_config(port: int, routes: Sequence[Route], gateway_key: str, api_keys: dict[str, Any]) -> RouterConfig:
+    return render(port, gateway_key, [Backend(r.model, r.host, r.port, r.stack, api_keys[r.stack] if r.keyed else None)
+                                      for r in routes])
 
 
-def gateway_env(port: int, routes: Sequence[Route], master_key: str, api_keys: dict[str, Any]) -> list[str]:
-    """The router's environment: its config, its port, the clients' key and each keyed route's backend key."""
-    return [f"{CONFIG_ENV}={litellm_config(routes)}", f"SVL_GATEWAY_PORT={port}",
-            # The proxy's only outbound call, the model cost map, is read from the package instead.
-            "LITELLM_LOCAL_MODEL_COST_MAP=True",
-            f"LITELLM_MASTER_KEY={master_key}",
-            *(f"{KEY_ENV.format(i)}={api_keys[r.stack]}" for i, r in enumerate(routes) if r.keyed)]
+def write_config(volume: str, image: str, router: str) -> str:
+    """Writes the config from stdin into the volume, checked by the router's own binary first, then reloads the
+    router if it runs (a stopped or new one reads it when it starts). A config HAProxy refuses changes nothing."""
+    check = (f"umask 077 && cat > {CONFIG_PATH}.next && haproxy -c -q -f {CONFIG_PATH}.next "
+             f"&& mv {CONFIG_PATH}.next {CONFIG_PATH}")
+    write = shlex.join(["docker", "run", "--rm", "-i", "--network", "none", "--entrypoint", "sh",
+                        "-v", f"{volume}:{CONFIG_DIR}", image, "-c", check])
+    running = f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {router} 2>/dev/null)\" = true ]"
+    return f"{bounded(write, WRITE_S)} && if {running}; then docker kill -s USR2 {router} >/dev/null; fi"
 
 
 @dataclass
@@ -83,6 +81,7 @@ class GatewayArgs:
     spec: GatewaySpec
     spark: SparkNode
     gateway_key: pulumi.Input[str]  # a secret
+    life: Optional[str] = None  # the router's life token (components/preflight/gateway.py): a new one recreates it
 
 
 class Gateway(pulumi.ComponentResource):
@@ -90,6 +89,7 @@ class Gateway(pulumi.ComponentResource):
 
     routes: pulumi.Output[dict[str, str]]
     ready_id: pulumi.Output[str]
+    config: pulumi.Output[str]  # the digest of the router's config
 
     def __init__(self, name: str, args: GatewayArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("spark-vllm:index:Gateway", name, None, opts)
@@ -109,32 +109,48 @@ class Gateway(pulumi.ComponentResource):
 
         found = pulumi.Output.all(*(read(s, r) for s, r in refs.items())).apply(
             lambda outs: [r for s, o in zip(refs, outs) if (r := route(s, o)) is not None])
-        # The routes in plain text (no key is in them): the label and the output show each change in `preview`.
+        # The routes in plain text (no key is in them): the output shows each change in `preview`.
         routes_json = found.apply(lambda rs: json.dumps({r.model: r.api_base for r in rs}, sort_keys=True))
-        # The model stacks' keys, secrets, and the gateway's own: the environment (and so the state) holds them as
-        # secrets; no key is in the config text or the command.
+        # The model stacks' keys and the gateway's own are in the config, which is a secret in the state and reaches
+        # the node on stdin: no key is in a command line.
         api_keys = pulumi.Output.all(*(ref.get_output("apiKey") for ref in refs.values()))
-        envs = pulumi.Output.all(found, pulumi.Output.secret(args.gateway_key), api_keys).apply(
-            lambda v: gateway_env(spec.port, v[0], v[1], dict(zip(refs, v[2]))))
+        config = pulumi.Output.all(found, pulumi.Output.secret(args.gateway_key), api_keys).apply(
+            lambda v: router_config(spec.port, v[0], v[1], dict(zip(refs, v[2]))))
+        text: pulumi.Output[str] = pulumi.Output.secret(config.apply(lambda c: c.text))
+        served = pulumi.Output.unsecret(config.apply(lambda c: c.digest))  # a hash: it tells nothing of a key
         self.container_name = container_name(spec.stack)
+        node = pulumi.ResourceOptions(parent=self, provider=args.spark.provider)
+        volume = volume_name(spec.stack)  # Docker makes it with the first `docker run` that names it
+        # A route change updates this in place: it rewrites the config and reloads the running router. Its delete
+        # comes after the container's, which depends on it, and takes the keys with the volume.
+        routes = command.remote.Command(
+            f"{name}-routes",
+            connection=args.spark.connection,
+            create=args.spark.image_id.apply(lambda image: write_config(volume, image, self.container_name)),
+            delete=f"docker volume rm -f {volume} >/dev/null",
+            stdin=text,
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=self, replace_on_changes=["create"]))
         container = docker.Container(
             f"{name}-container",
             name=self.container_name,
             image=args.spark.image_id,
-            entrypoints=["sh", "-c"],
-            command=[START],
-            envs=envs,
-            labels=[docker.ContainerLabelArgs(label="spark-vllm.stack", value=spec.stack),
-                    docker.ContainerLabelArgs(label=ROUTES_LABEL, value=routes_json)],
+            entrypoints=["haproxy"],
+            command=["-W", "-db", "-f", CONFIG_PATH],  # master-worker, in the foreground
+            mounts=[docker.ContainerMountArgs(type="volume", source=volume, target=CONFIG_DIR, read_only=True)],
+            labels=[docker.ContainerLabelArgs(label="spark-vllm.stack", value=spec.stack), *life_labels(args.life)],
             network_mode="host",
             # A crashed router, or a rebooted node, gets it back without a `pulumi up`.
             restart="unless-stopped",
-            opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
-                                        replace_on_changes=["*"]))
+            opts=pulumi.ResourceOptions.merge(node, pulumi.ResourceOptions(
+                delete_before_replace=True, replace_on_changes=["*"], depends_on=[routes])))
         ready = Gate(f"{name}-ready", GateArgs(
-            connection=args.spark.connection, container=self.container_name, script="gateway_ready.py",
-            args=[f"--port={spec.port}", f"--container={self.container_name}"],
-            triggers=[container.id], timeout_s=spec.ready_timeout_s), opts=child)
+            connection=args.spark.connection, container=None, script="gateway_ready.py",
+            args=[f"--port={spec.port}", f"--container={self.container_name}",
+                  served.apply(lambda d: f"--config={d}")],
+            preamble=pulumi.Output.secret(args.gateway_key).apply(lambda k: f"KEY = {k!r}\n"),
+            triggers=[container.id], timeout_s=spec.ready_timeout_s, after=[routes]),
+            opts=child)
         self.routes = routes_json.apply(json.loads)
-        self.ready_id = ready.ready_id
-        self.register_outputs({"routes": self.routes, "containerId": container.id})
+        self.ready_id, self.config = ready.ready_id, served
+        self.register_outputs({"routes": self.routes, "containerId": container.id, "config": served})

@@ -55,13 +55,13 @@ def _host_images(phase: Phases) -> tuple[str, str, str, str]:
         inner_id = images.ensure_inner_image()
     with phase("mp image (no Ray)"):
         mp_id = images.ensure_mp_image()
-    with phase("gateway image (LiteLLM)"):
+    with phase("gateway image (HAProxy)"):
         gateway_id = images.ensure_gateway_image()
     return node_image, inner_id, mp_id, gateway_id
 
 
 def up(count: int, gateway: bool = False, show_status: bool = True) -> None:
-    """`gateway`: node1 gets the gateway's image too (946 MB, 18 s to load), which only the gateway stacks run.
+    """`gateway`: node1 gets the gateway's image too (HAProxy, 116 MB), which only the gateway stacks run.
     `show_status`: the node table at the end, for a reader (0.7 s: ssh and Docker again on every node)."""
     if count < 1:
         raise LabError("--nodes must be at least 1")

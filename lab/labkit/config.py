@@ -37,10 +37,10 @@ HUGGINGFACE_HUB = "huggingface_hub==2.4.0"
 REGISTRY = "172.29.87.1:5000"
 # The Hub double (lab/hub_double) on the management LAN.
 HUB_URL = "http://172.29.87.1:18180"
-# The gateway's router, at the version components/config/gateway_config.py pins (docs/gateway.md); its proxy answers
-# a request without a key with 401 only when prisma is importable (500 without it).
-GATEWAY_IMAGE = "spark-vllm-lab/litellm:1.108.7"
-GATEWAY_PACKAGES = ["litellm[proxy]==1.108.7", "prisma==0.15.0"]
+# The gateway's router: HAProxy from the Debian release the lab's images are built on (docs/gateway.md), as the image
+# docs/gateway.md builds for a Spark.
+GATEWAY_IMAGE = "spark-vllm-lab/haproxy:2.6"
+GATEWAY_PACKAGES = ["haproxy"]
 VLLM_DOUBLE_DIR = LAB_SRC / "vllm_double"
 
 DEBIAN_SUITE = "bookworm"

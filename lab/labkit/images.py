@@ -1,6 +1,6 @@
 """The lab's images: the node image (an emulated Spark), the inner Ray + vLLM-double image, the inner
 vLLM-double image without Ray (as NGC vLLM images from 26.04 on), for the `mp` executor, and the gateway's
-LiteLLM proxy, installed from PyPI (docs/gateway.md).
+router, HAProxy from Debian (docs/gateway.md).
 
 All start from a cached debootstrap tarball (the inner ones from a second cached tarball that adds the
 Ray venv; the Ray-less one uninstalls Ray from it), and are reused while the hash of their inputs (the
@@ -95,16 +95,18 @@ def _ray_rootfs() -> Path:
 
 
 def ensure_gateway_image() -> str:
-    """Build the gateway's LiteLLM image on the host unless its label already carries the current stamp."""
-    stamp = hash_inputs(json.dumps(INNER_PACKAGES), json.dumps(GATEWAY_PACKAGES), *BUILDERS)
+    """Build the gateway's HAProxy image on the host unless its label already carries the current stamp."""
+    stamp = hash_inputs(json.dumps(GATEWAY_PACKAGES), *BUILDERS)
     if _stamped(GATEWAY_IMAGE, stamp):
         log(f"gateway image up to date: {GATEWAY_IMAGE}")
         return image_id(GATEWAY_IMAGE)
-    with unpacked(base_tarball(INNER_PACKAGES), "gateway-rootfs") as root:
-        _pip_into_venv(root, GATEWAY_PACKAGES, CACHE_DIR / "gateway-build.log")
-        chroot_sh(root, "/opt/venv/bin/litellm --help >/dev/null", binds={},
-                  env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"}, timeout=300, logfile=CACHE_DIR / "gateway-check.log")
-        return _import_venv_image(root, GATEWAY_IMAGE, stamp)
+    with unpacked(base_tarball(GATEWAY_PACKAGES), "gateway-rootfs") as root:
+        chroot_sh(root, "haproxy -v", binds={}, env={}, timeout=60, logfile=CACHE_DIR / "gateway-check.log")
+        new_id = docker_import(root, GATEWAY_IMAGE, [f"ENV PATH={STD_PATH}",
+                                                     f"LABEL {SPEC_LABEL}={stamp}"])
+    run(["docker", "image", "prune", "-f", "--filter", f"label={SPEC_LABEL}"], check=False)
+    log(f"built {GATEWAY_IMAGE} {new_id[:19]}")
+    return new_id
 
 
 def _stamped(ref: str, stamp: str) -> bool:
