@@ -18,6 +18,9 @@ def pulumi_json(*args: str, stack: str) -> Any:
     """`pulumi <args> --json` on `stack`; exits with pulumi's error when it fails."""
     done = subprocess.run(["pulumi", *args, "--json", "--stack", stack], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
+        if "no stack named" in done.stderr:
+            raise SystemExit(f"no stack named {stack!r} in this backend: `pulumi stack ls` lists the stacks here "
+                             "(for the lab's stacks, `. ~/.cache/spark-vllm/try-lab/lab.env` first)")
         raise SystemExit(f"pulumi {' '.join(args)} --stack {stack} failed: {done.stderr.strip()}")
     return json.loads(done.stdout)
 
@@ -29,11 +32,19 @@ class StackConfig:
     values: Mapping[str, Any]  # every config value by its full key, secrets shown
 
 
+def selected(project: Path) -> str:
+    """The stack selected in `project`; exits with one sentence when none is."""
+    done = subprocess.run(["pulumi", "stack", "--show-name"], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise SystemExit(f"no stack is selected in {project}: name one with `--stack <name>`, or select one with "
+                         "`pulumi stack select <name>` (`pulumi stack ls` lists them)")
+    return done.stdout.strip()
+
+
 def read(project: Path, stack: Optional[str]) -> StackConfig:
     """The named stack's config (a model stack's or a gateway's), validated as `up` validates it; the selected
     stack when `stack` is None."""
-    name = stack or subprocess.run(["pulumi", "stack", "--show-name"], capture_output=True, text=True,
-                                   check=True).stdout.strip()
+    name = stack or selected(project)
     raw = pulumi_json("config", "--show-secrets", stack=name)
     values = {key: value.get("objectValue", value.get("value")) for key, value in raw.items()}
     secret_keys = {key for key, value in raw.items() if value.get("secret")}

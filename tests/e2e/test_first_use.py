@@ -6,6 +6,7 @@ file, and an e2e stack is made on another passphrase than the try-lab one (issue
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 from labstack import ROOT, LabStack
@@ -25,6 +26,21 @@ def try_lab(env) -> str:
     return done.stdout + done.stderr
 
 
+def new_shell(folder) -> None:
+    """The README's commands for the lab stack, in a shell that has nothing but its login environment and the
+    passphrase this test's stacks use (a user's own would be in their profile)."""
+    readme = (ROOT / "README.md").read_text().split("In a new shell:", 1)[1].split("```sh\n", 1)[1].split("```")[0]
+    commands = readme.replace("~/.cache/spark-vllm/try-lab", str(folder))
+    shell = {"HOME": os.environ["HOME"], "PATH": "/usr/local/bin:/usr/bin:/bin",
+             "PULUMI_CONFIG_PASSPHRASE": "first-use"}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], env=shell, capture_output=True, text=True,
+                          timeout=300)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert "Traceback" not in said and not re.search(r"\s(ok|FAIL)\s+None\b", said), said
+    assert re.search(r"^\s+one chat completion\s+ok ", done.stdout, re.M) and "baseUrl" in done.stdout, said
+
+
 def test_try_lab_then_the_tests_then_try_lab_after_a_restart_change_no_tracked_file(lab2, tmp_path):
     before = tracked_changes()
     # Its own backend and project folder, so a user's own try-lab stack on this machine is left alone.
@@ -34,6 +50,7 @@ def test_try_lab_then_the_tests_then_try_lab_after_a_restart_change_no_tracked_f
     try:
         try_lab(env)
         assert tracked_changes() == before
+        new_shell(tmp_path / "try-lab")
         tests = subprocess.run([str(ROOT / "scripts" / "test"), "tests/e2e/test_discover.py"], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=1200)
         said = tests.stdout + tests.stderr

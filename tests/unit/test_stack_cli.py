@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from components.nodes import node_runner
 from components import stack_cli
 from components.config.loader import load
@@ -90,3 +92,31 @@ def test_stream_passes_a_sigterm_on_to_ssh(tmp_path):
     child.terminate()
     out, _ = child.communicate(timeout=10)  # EOF: no process holds the output any more
     assert child.returncode == 128 + signal.SIGTERM
+
+
+# A missing selection or a missing stack is one sentence that names the fix, never a traceback: the stand-in below
+# answers as the CLI does then (its message, its exit status).
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    def answer(stdout: str, stderr: str, code: int) -> None:
+        fake = tmp_path / "pulumi"
+        fake.write_text(f"#!/bin/sh\nprintf '%s' '{stdout}'\nprintf '%s\\n' '{stderr}' >&2\nexit {code}\n")
+        fake.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    return answer
+
+
+def test_no_selected_stack_names_the_fix(cli, tmp_path):
+    cli("", "error: no stack selected; please use `pulumi stack select` to choose one", 255)
+    with pytest.raises(SystemExit) as e:
+        stack_cli.read(tmp_path, None)
+    assert str(e.value) == (f"no stack is selected in {tmp_path}: name one with `--stack <name>`, or select one with "
+                            "`pulumi stack select <name>` (`pulumi stack ls` lists them)")
+
+
+def test_a_missing_stack_names_the_fix(cli, tmp_path):
+    cli("", "error: no stack named 'nope' found", 255)
+    with pytest.raises(SystemExit) as e:
+        stack_cli.read(tmp_path, "nope")
+    assert str(e.value) == ("no stack named 'nope' in this backend: `pulumi stack ls` lists the stacks here (for the "
+                            "lab's stacks, `. ~/.cache/spark-vllm/try-lab/lab.env` first)")
