@@ -568,13 +568,8 @@ def gateway_facts(spec):
     return facts
 
 
-def main():
-    spec = json.loads(sys.argv[1])
-    if spec.get("gateway"):
-        facts = gateway_facts(spec)
-        facts["timings"] = TIMINGS
-        print(MARK + json.dumps(facts))
-        return
+def node_facts(spec):
+    """A model stack's node: everything its preflight judges."""
     facts = {"docker": gather("docker", docker, spec)}
     docker_ok = "server" in facts["docker"]
     if docker_ok:
@@ -596,6 +591,12 @@ def main():
         facts["running"] = gather("running", running, spec)
         facts["claims"] = gather("claims", claims, spec)
     facts["space"] = gather("space", space, spec, facts["docker"].get("root", ""))
+    return facts
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    facts = gateway_facts(spec) if spec.get("gateway") else node_facts(spec)
     facts["timings"] = TIMINGS
     print(MARK + json.dumps(facts))
 

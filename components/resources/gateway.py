@@ -119,7 +119,6 @@ class Gateway(pulumi.ComponentResource):
         text: pulumi.Output[str] = pulumi.Output.secret(config.apply(lambda c: c.text))
         served = pulumi.Output.unsecret(config.apply(lambda c: c.digest))  # a hash: it tells nothing of a key
         self.container_name = container_name(spec.stack)
-        node = pulumi.ResourceOptions(parent=self, provider=args.spark.provider)
         volume = volume_name(spec.stack)  # Docker makes it with the first `docker run` that names it
         # A route change updates this in place: it rewrites the config and reloads the running router. Its delete
         # comes after the container's, which depends on it, and takes the keys with the volume.
@@ -142,8 +141,8 @@ class Gateway(pulumi.ComponentResource):
             network_mode="host",
             # A crashed router, or a rebooted node, gets it back without a `pulumi up`.
             restart="unless-stopped",
-            opts=pulumi.ResourceOptions.merge(node, pulumi.ResourceOptions(
-                delete_before_replace=True, replace_on_changes=["*"], depends_on=[routes])))
+            opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
+                                        replace_on_changes=["*"], depends_on=[routes]))
         ready = Gate(f"{name}-ready", GateArgs(
             connection=args.spark.connection, container=None, script="gateway_ready.py",
             args=[f"--port={spec.port}", f"--container={self.container_name}",

@@ -4,7 +4,7 @@ One text holds everything, keys included (it reaches the node on stdin, and live
 reads). Every value from outside is written as a HAProxy string of `\\xHH` escapes, so no key or model name can end a
 string, expand an environment variable or start a comment. The answers HAProxy makes itself are OpenAI's error
 shapes: 401 without the key, 404 for a route or a model it does not serve, 502/503/504 naming the model whose server
-fails. Only the paths in `PATHS` pass, and only liveness and readiness answer without the key.
+fails. Only the models list and the `INFERENCE` paths pass, and only `OPEN` answers without the key.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-# The OpenAI routes clients use, by method; everything else is refused (docs/gateway.md lists them).
+# The OpenAI routes clients POST to, besides GET /v1/models[/<model>]; everything else is refused (docs/gateway.md).
 INFERENCE = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
-PATHS = {"/v1/models": "GET", "/v1/models/<model>": "GET", **{p: "POST" for p in INFERENCE}}
 OPEN = ("/health/liveliness", "/health/readiness")  # without a key
 # The largest request body routed: HAProxy reads the `model` from the buffered body, and a stream holds two buffers
 # of this size at most (64 streams: 256 MiB). 2 MiB is a prompt of some 400k tokens.
@@ -53,7 +52,7 @@ def log_format(value: str) -> str:
     return value.replace("%", "%%")
 
 
-def error(status: int, message: str, kind: str, code: Optional[str], param: Optional[str] = None) -> str:
+def error(message: str, kind: str, code: Optional[str], param: Optional[str] = None) -> str:
     return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
@@ -82,8 +81,6 @@ def _global() -> list[str]:
         "global",
         "    master-worker",
         "    log stdout format raw local0 info",  # one line a request, to `docker logs`
-        # On a reload (SIGUSR2 to the master) the new process takes the old one's listening sockets, so no
-        # connection is refused while the router takes new routes.
         f"    tune.bufsize {BODY_LIMIT}",
         f"    hard-stop-after {DRAIN}",
         "",
@@ -91,10 +88,11 @@ def _global() -> list[str]:
         "    mode http",
         "    log global",
         "    option httplog",
-        "    option http-buffer-request",
-        # A reload's old process answers a kept-alive connection's next request, with `Connection: close`,
-        # instead of closing it under a client that may be sending.
-        "    option idle-close-on-response",  # the body, whose `model` routes, is read before the route is chosen
+        "    option http-buffer-request",  # the body, whose `model` routes, is read before the route is chosen
+        # On a reload (SIGUSR2 to the master) the new process takes the old one's listening sockets, and the old one
+        # answers a kept-alive connection's next request with `Connection: close` instead of closing it under a
+        # client that may be sending.
+        "    option idle-close-on-response",
         "    timeout connect 3s",
         "    timeout http-request 60s",
         "    timeout http-keep-alive 60s",
@@ -126,7 +124,7 @@ def _frontend(port: int, gateway_key: str, backends: Sequence[Backend]) -> list[
                              f"if {{ path /health/readiness }} !{{ srv_is_up(be_{i}/vllm) }}"))
     lines += [
         _answer(200, json.dumps({"status": "ready", "routes": len(backends)}), "if { path /health/readiness }"),
-        _answer(401, error(401, "Incorrect or missing API key: send the gateway's key as `Authorization: Bearer "
+        _answer(401, error("Incorrect or missing API key: send the gateway's key as `Authorization: Bearer "
                                 "<key>`.", "invalid_request_error", "invalid_api_key"), "unless keyed"),
         _answer(200, listing, "if METH_GET { path /v1/models }"),
     ]
@@ -134,15 +132,15 @@ def _frontend(port: int, gateway_key: str, backends: Sequence[Backend]) -> list[
         lines.append(_answer(200, json.dumps(model_card(b.model)),
                              f"if METH_GET {{ path,url_dec -m str {quoted('/v1/models/' + b.model)} }}"))
     lines += [
-        _answer(404, error(404, "Not found: this gateway serves GET /v1/models and POST " + ", ".join(INFERENCE) + ".",
+        _answer(404, error("Not found: this gateway serves GET /v1/models and POST " + ", ".join(INFERENCE) + ".",
                            "invalid_request_error", "not_found"), "unless METH_POST inference"),
         "    http-request set-var(txn.got) req.body_len",
-        _answer(413, error(413, f"The request body is larger than the gateway's {BODY_LIMIT // 1024 // 1024} MiB.",
+        _answer(413, error(f"The request body is larger than the gateway's {BODY_LIMIT // 1024 // 1024} MiB.",
                            "invalid_request_error", "request_too_large"), "if { req.body_size,sub(txn.got) gt 0 }"),
         "    http-request set-var(txn.model) req.body,json_query('$.model')",
-        _answer(400, error(400, "The request names no model: set `model`.", "invalid_request_error", None, "model"),
+        _answer(400, error("The request names no model: set `model`.", "invalid_request_error", None, "model"),
                 "unless { var(txn.model) -m found }"),
-        _answer(404, log_format(error(404, "The model `@MODEL@` does not exist: this gateway serves "
+        _answer(404, log_format(error("The model `@MODEL@` does not exist: this gateway serves "
                                            + ", ".join(b.model for b in backends) + ".",
                                       "invalid_request_error", "model_not_found", "model")).replace(
                     "@MODEL@", "%[var(txn.model),json(utf8s)]"),
@@ -162,7 +160,7 @@ def _backend(i: int, b: Backend) -> list[str]:
         lines.append(f"    http-request set-header authorization {quoted(log_format('Bearer ' + b.key))}")
     for status, what in ((502, "answered badly"), (503, "does not answer"), (504, "timed out")):
         lines.append(f"    http-error status {status} content-type application/json string " + quoted(error(
-            status, f"The model `{b.model}` is unavailable: its server at {url} (stack {b.stack}) {what}.",
+            f"The model `{b.model}` is unavailable: its server at {url} (stack {b.stack}) {what}.",
             "service_unavailable", "model_unavailable", "model")))
     # The checked server tells readiness whether the model answers; requests go to it, or, while its check says it
     # is down, to the same address unchecked: a model back up is answered at once, not at its next check.
