@@ -48,7 +48,7 @@ def load(stack: str, config: Mapping[str, Any], secret_keys: set[str], project_d
     return Deployment(stack=stack, cluster=cluster, serve=serve, cluster_ready_timeout_s=keys.cluster_ready_timeout_s,
                       serve_ready_timeout_s=keys.serve_ready_timeout_s, secrets=keys.secrets,
                       ssh_private_key=_read_key(cluster, clusters.file), preflight=_with_hub(keys, serve),
-                      watchdog=watchdog, images=keys.images)
+                      watchdog=watchdog, images=keys.images, host_nccl=keys.host_nccl)
 
 
 def _with_hub(keys: validate.StackKeys, serve: ServeSpec) -> PreflightSpec:

@@ -156,6 +156,7 @@ class Deployment:
     preflight: PreflightSpec
     watchdog: WatchdogSpec = WatchdogSpec()
     images: ImagesSpec = ImagesSpec()
+    host_nccl: bool = False  # nccl.hostLibrary: each node's own libnccl.so.2 over the pip one in the image
 
     @property
     def source(self) -> NodeSpec:

@@ -62,6 +62,7 @@ class StackKeys:
     nodes: Optional[tuple[str, ...]]  # the stack's nodes, its head first (placement.py); None: the cluster's
     port_slot: Optional[int]  # placement.py; None: the cluster's ports as written
     top: Section  # the stack's own keys, for placement's errors
+    host_nccl: bool = False  # nccl.hostLibrary: the serve uses each host's libnccl.so.2 (docs/host-nccl.md)
 
 
 def stack_keys(config: Mapping[str, Any], secret_keys: set[str], stack_file: str) -> StackKeys:
@@ -97,10 +98,17 @@ def stack_keys(config: Mapping[str, Any], secret_keys: set[str], stack_file: str
     if nodes is not None and not nodes:
         raise top.error("nodes", [], "a non-empty list of the cluster's node names, the stack's head first")
     port_slot = top.int("portSlot", None, lo=0, hi=PORT_SLOTS - 1)
+    nccl = top.section("nccl")
+    host_nccl = nccl.bool("hostLibrary", False)
+    if host_nccl and not preflight.enabled:
+        raise nccl.error("hostLibrary", True, "false while preflight.enabled is false",
+                         "is true, but where each host's library is and which file of the image it covers is what "
+                         "preflight finds, and preflight is off")
+    nccl.done()
     _refuse_flat_paths(top)
     top.done()
     return StackKeys(catalog, cluster, model, overrides, cluster_ready_s, serve_ready_s, preflight, keys, sync_weights,
-                     secrets, images, watchdog, watchdog_keys, nodes, port_slot, top)
+                     secrets, images, watchdog, watchdog_keys, nodes, port_slot, top, host_nccl)
 
 
 def top_section(config: Mapping[str, Any], secret_keys: set[str], stack_file: str) -> Section:

@@ -30,6 +30,23 @@ class LoaderPackage:
 
 
 @dataclass(frozen=True)
+class Nccl:
+    """An NCCL library (libnccl.so.2): the host's, or the one vLLM's pip packages put in the image."""
+    path: str = ""  # where it is found: the linker's cache's entry, or the pip package's lib/libnccl.so.2
+    real: str = ""  # the file that path leads to: what a mount of it shows
+    version: Optional[str] = None  # from the file's name (host) or the pip package (image); None: not known
+    build_id: Optional[str] = None  # the ELF build ID: two builds of one version differ here
+    size: Optional[int] = None
+    missing: bool = False  # the host has none
+    error: Optional[str] = None  # why it could not be read
+    unavailable: Optional[str] = None
+
+    def describe(self) -> str:
+        build = f"build {self.build_id[:12]}" if self.build_id else "no build ID"
+        return f"{self.version or 'version unknown'} ({build}, {self.real or self.path})"
+
+
+@dataclass(frozen=True)
 class InsideImage:
     """What the image holds, read by starting it."""
     ray: str = ""
@@ -44,6 +61,8 @@ class InsideImage:
     load_formats_error: Optional[str] = None  # why the registry could not be read
     loader_packages: Mapping[str, LoaderPackage] = field(default_factory=dict)  # package -> what was found
     huggingface_hub: Optional[str] = None  # its version, "" when the image has none; None: not read
+    nccl: Optional[Nccl] = None  # the pip packages' NCCL; None: the image has none (or it was not read)
+    nccl_error: Optional[str] = None  # why it could not be looked for
 
 
 @dataclass(frozen=True)
@@ -235,6 +254,7 @@ class NodeFacts:
     image: Optional[Image] = None
     gpus: Gpus = Gpus()
     fabric: Fabric = Fabric()
+    nccl: Optional[Nccl] = None  # the host's own NCCL library
     model: Optional[Model] = None
     disk: Optional[Disk] = None  # None when the weights are not there
     memory: Memory = Memory()
@@ -265,6 +285,7 @@ def parse(raw: Mapping[str, Any]) -> NodeFacts:
         image=group("image", Image, _image),
         gpus=group("gpus", Gpus, _gpus) or Gpus(),
         fabric=group("fabric", Fabric, _fabric) or Fabric(),
+        nccl=group("nccl", Nccl, _nccl),
         model=group("model", Model, _model),
         disk=group("disk", Disk, lambda value: Disk(file=value["file"], bytes=value["bytes"],
                                                     seconds=value["seconds"])),
@@ -298,7 +319,14 @@ def _image(value: Mapping[str, Any]) -> Image:
         loader_packages={name: LoaderPackage(installed=found["installed"], version=found.get("version", ""),
                                              error=found.get("error"))
                          for name, found in inside.get("loaderPackages", {}).items()},
-        huggingface_hub=inside.get("huggingfaceHub")))
+        huggingface_hub=inside.get("huggingfaceHub"),
+        nccl=_nccl(inside["nccl"]) if "nccl" in inside else None, nccl_error=inside.get("ncclError")))
+
+
+def _nccl(value: Mapping[str, Any]) -> Nccl:
+    return Nccl(path=value.get("path", ""), real=value.get("real", ""), version=value.get("version"),
+                build_id=value.get("buildId"), size=value.get("size"), missing=value.get("missing", False),
+                error=value.get("error"))
 
 
 def _gpus(value: Mapping[str, Any]) -> Gpus:

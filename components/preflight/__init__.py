@@ -86,3 +86,14 @@ def image_found(checked: Checked, node: NodeSpec) -> Optional[str]:
     copy brings; None when unknown (not checked, or pulled from the registry)."""
     step = checked.images.nodes.get(node.name)
     return step.wanted_id if step is not None else None
+
+
+def nccl_mounts(deployment: Deployment, checked: Checked) -> dict[str, tuple[str, str]]:
+    """With nccl.hostLibrary: each node's (host libnccl.so.2, the image's pip one it covers), as preflight found them
+    (its check refused a node without either); {} without the setting."""
+    if not deployment.host_nccl:
+        return {}
+    inside = [f.image.inside.nccl for f in checked.facts.values()
+              if f.image is not None and f.image.inside is not None and f.image.inside.nccl is not None]
+    target = inside[0].path  # one image, one path: a node that gets a copy gets the same files
+    return {name: (f.nccl.real, target) for name, f in checked.facts.items() if f.nccl is not None}

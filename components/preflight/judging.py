@@ -30,8 +30,8 @@ UNIFIED_UTILIZATION_LIMIT = 0.86
 # CUDA graph capture needs headroom beyond the KV cache; the seed's load was killed at 95 % without eager mode.
 EAGER_OFF_UTILIZATION_LIMIT = 0.80
 OVERHEAD_BYTES_PER_GPU = 4 * GIB  # CUDA context, activations and NCCL buffers: a rough estimate
-CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "loader", "hub", "weights", "space",
-          "disk", "memory", "ports", "guard", "running")
+CHECKS = ("ssh+docker", "gpus", "fabric", "image", "ray+vllm", "architecture", "loader", "nccl", "hub", "weights",
+          "space", "disk", "memory", "ports", "guard", "running")
 # The package each load format imports (vLLM 0.33's model_loader/weight_utils.py), and how it gets into an image.
 LOADER_NEEDS = {
     "fastsafetensors": ("fastsafetensors", "pip install fastsafetensors"),
@@ -66,6 +66,7 @@ def evaluate(deployment: Deployment, by_node: dict[str, NodeFacts], lives: Lives
         findings += [check_gpus(deployment, node, facts), check_fabric(deployment, node, facts, reachable),
                      check_image(deployment, node, facts, images, reference), check_runtime(deployment, node, inside),
                      check_architecture(deployment, node, inside, hub), check_loader(deployment, node, inside),
+                     check_nccl(deployment, node, facts, inside),
                      check_weights(deployment, node, facts, ref_model, hub, reachable.get(deployment.source.name)),
                      check_space(deployment, node, facts, hub, images, reference),
                      check_disk(deployment, node, facts), check_memory(deployment, node, facts, ref_model, hub)]
@@ -301,6 +302,42 @@ def check_loader(deployment: Deployment, node: NodeSpec, facts: NodeFacts) -> Fi
                        f"tell")
     version = f" {found.version}" if found.version else ""
     return Finding(node.name, "loader", Status.OK, f"{fmt}: `{package}`{version} imports in vLLM {inside.vllm}'s image")
+
+
+def check_nccl(deployment: Deployment, node: NodeSpec, facts: NodeFacts, inside_facts: NodeFacts) -> Finding:
+    """Both NCCL libraries of the node, by version and build ID, and which one the serve uses. With
+    nccl.hostLibrary, a node whose host has none, or whose image has no pip NCCL for it to cover, is refused."""
+    host = facts.nccl
+    inside = inside_facts.image.inside if inside_facts.image is not None else None
+    pip = inside.nccl if inside is not None else None
+    host_text = ("the host's not read" if host is None else "the host has none" if host.missing else
+                 f"the host's not read ({host.unavailable or host.error})" if host.unavailable or host.error else
+                 f"host {host.describe()}")
+    pip_text = ("the image's not read (see ray+vllm)" if inside is None or inside.error is not None else
+                f"the image's not read ({inside.nccl_error})" if inside.nccl_error else
+                "the image has no pip NCCL" if pip is None else
+                f"the image's not read ({pip.error})" if pip.error else f"image {pip.describe()}")
+    same_version = (host is not None and pip is not None and host.version and host.version == pip.version
+                    and host.build_id != pip.build_id)
+    facts_text = f"{host_text}; {pip_text}" + ("; one version, two builds" if same_version else "")
+    if not deployment.host_nccl:
+        return Finding(node.name, "nccl", Status.OK, f"{facts_text}; the serve uses the image's")
+    off = "or set spark-vllm:nccl.hostLibrary false"
+    if host is None or host.unavailable:
+        return could_not(node.name, "nccl", host.unavailable or "no answer" if host else "no answer", off)
+    if host.missing or host.error:
+        return Finding(node.name, "nccl", Status.FAIL,
+                       f"nccl.hostLibrary is on, but {host_text} (`ldconfig -p` lists no libnccl.so.2)"
+                       if host.missing else f"nccl.hostLibrary is on, but {host_text}",
+                       f"install NCCL on the host (DGX OS: the libnccl2 package), {off}")
+    if inside is None or inside.error is not None or inside.nccl_error:
+        return could_not(node.name, "nccl", pip_text, off)
+    if pip is None or pip.error:
+        return Finding(node.name, "nccl", Status.FAIL,
+                       f"nccl.hostLibrary is on, but {pip_text}: there is no library of vLLM's pip packages to cover",
+                       f"use an image whose vLLM brings NCCL with pip (nvidia-nccl-cu*), {off}")
+    return Finding(node.name, "nccl", Status.OK, f"{facts_text}; the serve uses the host's (nccl.hostLibrary), "
+                                                 f"mounted read-only over {pip.path}")
 
 
 def _imports(inside: InsideImage, package: str) -> bool:

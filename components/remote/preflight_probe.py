@@ -23,8 +23,51 @@ from datetime import datetime, timezone
 MARK = "SPARK_VLLM_PREFLIGHT "
 # The packages vLLM's loaders import (model_loader/weight_utils.py, each behind a PlaceholderModule when missing).
 LOADER_PACKAGES = ("fastsafetensors", "instanttensor", "runai_model_streamer", "tensorizer")
+# Where an NCCL library came from: its version and its ELF build ID, which tells two builds of one version apart
+# (vllm 41725: the image's pip NCCL and DGX OS's both say 2.28.9). Run on the node, and inside the image.
+NCCL_FACTS = r"""
+import mmap
+import os
+import struct
+
+
+def build_id(path):  # the GNU build ID of a 64-bit ELF file, in hex; None when it has none
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return _build_id(path, data)
+
+
+def _build_id(path, data):
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        raise ValueError(path + " is not a 64-bit ELF file")
+    order = "<" if data[5] == 1 else ">"
+    phoff, = struct.unpack_from(order + "Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from(order + "HH", data, 0x36)
+    for i in range(phnum):
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(order + "IIQQQQ", data, phoff + i * phentsize)
+        at, end = p_offset, p_offset + p_filesz
+        while p_type == 4 and at + 12 <= end:  # PT_NOTE: (namesz, descsz, type, name, desc), each 4-aligned
+            namesz, descsz, kind = struct.unpack_from(order + "III", data, at)
+            name_at = at + 12
+            desc_at = name_at + (namesz + 3) // 4 * 4
+            if kind == 3 and data[name_at:name_at + namesz] == b"GNU\0":  # NT_GNU_BUILD_ID
+                return data[desc_at:desc_at + descsz].hex()
+            at = desc_at + (descsz + 3) // 4 * 4
+    return None
+
+
+def nccl_facts(path, version):
+    real = os.path.realpath(path)
+    try:
+        return {"path": path, "real": real, "version": version, "buildId": build_id(real),
+                "size": os.path.getsize(real)}
+    except (OSError, ValueError) as e:
+        return {"path": path, "error": type(e).__name__ + ": " + str(e)}
+"""
+_NCCL: dict = {}
+exec(NCCL_FACTS, _NCCL)
+nccl_facts = _NCCL["nccl_facts"]
 # Run inside the image: what `vllm serve` will import, and the architectures its registry knows.
-INSIDE_IMAGE = """
+INSIDE_IMAGE = NCCL_FACTS + """
 import json
 facts = {}
 try:
@@ -63,6 +106,18 @@ try:
     facts["huggingfaceHub"] = huggingface_hub.__version__
 except Exception:
     facts["huggingfaceHub"] = ""
+# The NCCL that vLLM's pip packages bring (torch loads it from there): what nccl.hostLibrary would cover.
+try:
+    import importlib.metadata
+    spec = importlib.util.find_spec("nvidia.nccl")
+    lib = spec and next((os.path.join(d, "lib", "libnccl.so.2") for d in spec.submodule_search_locations
+                         if os.path.exists(os.path.join(d, "lib", "libnccl.so.2"))), None)
+    if lib:
+        dist = next((d for d in importlib.metadata.distributions()
+                     if (d.metadata["Name"] or "").lower().startswith("nvidia-nccl")), None)
+        facts["nccl"] = nccl_facts(lib, dist.version if dist else None)
+except Exception as e:
+    facts["ncclError"] = type(e).__name__ + ": " + str(e)
 # The mp executor across nodes needs a `vllm serve` that takes --nnodes. vLLM groups its help (--help=all lists
 # every flag); an argparse without groups takes only --help.
 import subprocess
@@ -163,6 +218,21 @@ def fabric(spec):
     return facts
 
 
+
+def host_nccl(spec):
+    """The host's own NCCL, as the dynamic linker's cache lists it (DGX OS's libnccl2 package), with its version from
+    the file its link leads to (libnccl.so.2.28.9)."""
+    rc, out, err = sh(["ldconfig", "-p"], spec["stepTimeout"])
+    if rc != 0:
+        raise Unavailable(f"`ldconfig -p` failed: {error_line(err)}")
+    path = next((line.split(" => ", 1)[1].strip() for line in out.splitlines()
+                 if line.strip().startswith("libnccl.so.2 ") and " => " in line), None)
+    if path is None:
+        return {"missing": True}
+    name = os.path.basename(os.path.realpath(path))
+    return nccl_facts(path, name[len("libnccl.so."):] if name.startswith("libnccl.so.2.") else None)
+
+
 def image(spec):
     rc, out, err = sh(["docker", "image", "inspect", "--format", "{{.Id}} {{.Size}}", spec["image"]],
                       spec["stepTimeout"])
@@ -175,7 +245,7 @@ def image(spec):
     if not spec.get("inside", True):  # the gateway's router: no vLLM to look for
         return facts
     # An image id names its contents, so what is inside is read once per id: importing vLLM takes a while.
-    cache = os.path.join(CACHE_DIR, "inside4-" + facts["id"].replace("sha256:", "") + ".json")
+    cache = os.path.join(CACHE_DIR, "inside5-" + facts["id"].replace("sha256:", "") + ".json")
     kept = cached(cache)
     if kept is not None:
         facts["inside"] = kept
@@ -576,6 +646,7 @@ def node_facts(spec):
         facts["image"] = gather("image", image, spec)
     facts["gpus"] = gather("gpus", gpus, spec, docker_ok and facts["image"].get("present", False))
     facts["fabric"] = gather("fabric", fabric, spec)
+    facts["nccl"] = gather("nccl", host_nccl, spec)
     facts["model"] = gather("model", model, spec)
     if facts["model"].get("exists"):
         weights = [f for f in facts["model"]["files"] if f[0].endswith(WEIGHT_SUFFIXES)]

@@ -47,14 +47,16 @@ def container_name(stack: str, cluster: ClusterSpec, node: NodeSpec) -> str:
     return f"spark-vllm-{stack}-vllm-rank{node_rank(cluster, node)}"
 
 
-def ranks_digest(cluster: ClusterSpec, serve: ServeSpec, weights_roots: Optional[Mapping[str, str]] = None) -> str:
+def ranks_digest(cluster: ClusterSpec, serve: ServeSpec, weights_roots: Optional[Mapping[str, str]] = None,
+                 nccl: Optional[Mapping[str, tuple[str, str]]] = None) -> str:
     """What every rank runs with, on every node: any change of it restarts all ranks together."""
     ranks = {node.name: {"command": rank_command(cluster, serve, node),
                          "env": container_env(cluster, node, fabric_env)} for node in cluster.nodes}
     runtime = {k: getattr(cluster, k) for k in ("shm_size_mb", "docker_gpus", "rdma", "ulimits", "hf_cache")}
     roots = dict(weights_roots or {})
     spec = json.dumps([ranks, runtime, serve.image, serve.model_path, *([roots] if any(
-        root != serve.model_path for root in roots.values()) else [])], sort_keys=True, default=str)
+        root != serve.model_path for root in roots.values()) else []), *([dict(nccl)] if nccl else [])],
+        sort_keys=True, default=str)
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
@@ -72,6 +74,7 @@ class MpRankArgs:
     secrets: Optional[Mapping[str, pulumi.Input[str]]] = None
     depends_on: tuple = ()  # the node's fabric guard and weights sync, the page-cache drops
     weights_root: Optional[str] = None  # what it mounts for the weights, when not their folder (runtime_settings)
+    nccl: Optional[tuple[str, str]] = None  # the host's NCCL and the image's it covers (runtime_settings)
     # The group's life token (components/preflight/liveness.py): a new one recreates every rank.
     life: Optional[str] = None
 
@@ -104,7 +107,7 @@ class MpRank(pulumi.ComponentResource):
             command=rank_command(cluster, args.serve, node),
             envs=envs,
             labels=labels,
-            **runtime_settings(cluster, args.serve, args.weights_root),
+            **runtime_settings(cluster, args.serve, args.weights_root, args.nccl),
             opts=pulumi.ResourceOptions(parent=self, provider=args.spark.provider, delete_before_replace=True,
                                         replace_on_changes=["*"],
                                         replace_with=[args.head.container] if args.head else None,

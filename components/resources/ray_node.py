@@ -66,11 +66,14 @@ def container_env(cluster: ClusterSpec, node: NodeSpec, pinned=pinned_env) -> li
     return [f"{key}={value}" for key, value in sorted(env.items())]
 
 
-def runtime_settings(cluster: ClusterSpec, serve: ServeSpec, weights_root: Optional[str] = None) -> dict:
+def runtime_settings(cluster: ClusterSpec, serve: ServeSpec, weights_root: Optional[str] = None,
+                     nccl: Optional[tuple[str, str]] = None) -> dict:
     """The `docker.Container` settings every engine container shares (Ray's and mp's ranks): host network and
     IPC, shm, GPUs, RDMA, ulimits, the weights read-only (their folder, or `weights_root`, a folder that also holds
-    what their links lead to) and the HF cache."""
+    what their links lead to), the HF cache, and with nccl.hostLibrary `nccl`: (the host's libnccl.so.2, the pip
+    one it covers), mounted read-only over it, so that the image itself never changes (docs/host-nccl.md)."""
     root = weights_root or serve.model_path
+    host_nccl = [docker.ContainerMountArgs(type="bind", source=nccl[0], target=nccl[1], read_only=True)] if nccl else []
     return dict(
         network_mode="host",
         ipc_mode="host",
@@ -84,7 +87,8 @@ def runtime_settings(cluster: ClusterSpec, serve: ServeSpec, weights_root: Optio
         ulimits=[docker.ContainerUlimitArgs(name=name, soft=limit, hard=limit)
                  for name, limit in sorted(cluster.ulimits.items())],
         mounts=[docker.ContainerMountArgs(type="bind", source=root, target=root, read_only=True),
-                docker.ContainerMountArgs(type="bind", source=cluster.hf_cache, target=HF_CACHE_IN_CONTAINER)],
+                docker.ContainerMountArgs(type="bind", source=cluster.hf_cache, target=HF_CACHE_IN_CONTAINER),
+                *host_nccl],
         # A rebooted node leaves this down; `pulumi up --refresh` sees it stopped and replaces it.
         restart="no",
     )
@@ -139,6 +143,7 @@ class RayNodeArgs:
     # Every node's image copy or pull, weights download and sync: nothing that runs is replaced before all are done.
     artifacts: Sequence[pulumi.Resource] = ()
     weights_root: Optional[str] = None  # what it mounts for the weights, when not their folder (runtime_settings)
+    nccl: Optional[tuple[str, str]] = None  # the host's NCCL and the image's it covers (runtime_settings)
     life: Optional[str] = None  # its life token (components/preflight/liveness.py): a new one recreates it
 
 
@@ -155,7 +160,7 @@ class RayNode(pulumi.ComponentResource):
         labels = node_labels(args.stack, node, args.head.container_id if args.head and args.head_id_label else None,
                              *life_labels(args.life))
         self.container_name = container_name(args.stack, node)
-        settings = runtime_settings(cluster, args.serve, args.weights_root)
+        settings = runtime_settings(cluster, args.serve, args.weights_root, args.nccl)
         if node.head:
             # The serve's log on the node's volume, so that it outlives the container (rotated by serve_start.sh).
             settings["mounts"] = [*settings["mounts"], docker.ContainerMountArgs(

@@ -78,6 +78,7 @@ def wire(deployment: Deployment) -> None:
     # leaves the running deployment serving (docs/artifacts.md).
     artifacts = (*image_ready.values(), *weights_ready.values())
     roots = {node.name: weights_root(deployment, facts, node.name) for node in cluster.nodes}
+    nccl = preflight.nccl_mounts(deployment, checked)  # docs/host-nccl.md
     version = checked.hub.commit if checked.hub else None  # a new commit is new weights: the serve loads again
     ordered_turns = shared(deployment.stack, facts)  # docs/placement.md: a load at a time on a node
     guards = {
@@ -97,6 +98,7 @@ def wire(deployment: Deployment) -> None:
                                                spark=head_spark, guard=guards.get(cluster.head.name),
                                                artifacts=artifacts,
                                                weights_root=roots[cluster.head.name],
+                                               nccl=nccl.get(cluster.head.name),
                                                life=lives.engine(cluster.head.name)))
         workers = {
             node.name: RayNode(f"ray-worker-{node.name}",
@@ -104,7 +106,7 @@ def wire(deployment: Deployment) -> None:
                                            spark=sparks[node.name], head=head, head_id_label=not facts,
                                            guard=guards.get(node.name),
                                            artifacts=artifacts, weights_root=roots[node.name],
-                                           life=lives.engine(node.name)))
+                                           nccl=nccl.get(node.name), life=lives.engine(node.name)))
             for node in cluster.workers
         }
         cluster_ready = Gate("cluster-ready", GateArgs(
@@ -132,9 +134,9 @@ def wire(deployment: Deployment) -> None:
         secrets = {key: secret[key] for key in deployment.secrets}
         keys = sorted(secrets)
         # Every rank's settings, the images, the weights' commit and the secrets: a change of any restarts all ranks.
+        settings = ranks_digest(cluster, serve, roots, nccl)
         digest = pulumi.Output.all(*(s.image_id for s in sparks.values()), *(secrets[k] for k in keys)).apply(
-            lambda values: hashlib.sha256(json.dumps([ranks_digest(cluster, serve, roots), version, values]).encode())
-            .hexdigest()[:16])
+            lambda values: hashlib.sha256(json.dumps([settings, version, values]).encode()).hexdigest()[:16])
         # One stack loads on a node at a time (docs/placement.md): each node's turn first, then its cache drop.
         life = [lives.serve.token] if lives.serve.token else []  # a dead group's new ranks load again
         turns = load_turns("mp-serve", None, deployment.stack, cluster, sparks, [digest, *life],
@@ -143,13 +145,13 @@ def wire(deployment: Deployment) -> None:
                                  [digest], turns) if serve.drop_page_cache else []
         head = MpRank(f"vllm-rank-{cluster.head.name}", MpRankArgs(
             stack=deployment.stack, cluster=cluster, serve=serve, node=cluster.head, spark=head_spark, digest=digest,
-            secrets=secrets, weights_root=roots[cluster.head.name],
+            secrets=secrets, weights_root=roots[cluster.head.name], nccl=nccl.get(cluster.head.name),
             depends_on=(guards.get(cluster.head.name), *artifacts, *turns, *drops),
             life=lives.serve.token))
         ranks = {cluster.head.name: head, **{
             node.name: MpRank(f"vllm-rank-{node.name}", MpRankArgs(
                 stack=deployment.stack, cluster=cluster, serve=serve, node=node, spark=sparks[node.name], digest=digest,
-                head=head, head_id_label=not facts, weights_root=roots[node.name],
+                head=head, head_id_label=not facts, weights_root=roots[node.name], nccl=nccl.get(node.name),
                 depends_on=(guards.get(node.name), *artifacts, *turns, *drops),
                 life=lives.serve.token))
             for node in cluster.workers}}

@@ -986,7 +986,7 @@ def test_the_table_lists_every_finding_with_its_fix(tmp_path):
     assert "spark2  weights       FAIL    spark2 lacks model-00003-of-00003.safetensors. Fix: " + RSYNC in lines
     assert ("spark1  ports         ok      6379 (Ray GCS) free; 8265 (dashboard) free; 8000 (API) free; "
             "29511 (watchdog) free") in lines
-    assert len(lines) == 1 + 3 * 13 + 1
+    assert len(lines) == 1 + 3 * 14 + 1  # 14 checks a node, nccl among them
 
 
 def test_a_failure_stops_the_program_before_any_resource_with_the_whole_table(tmp_path, monkeypatch):
@@ -1084,7 +1084,7 @@ def test_the_probe_lists_the_weights_and_reads_the_text_config(tmp_path):
 def test_the_probe_says_whether_rsync_is_there_only_when_the_sync_is_on(monkeypatch):
     probe = load_probe()
     printed = []
-    for gather in ("docker", "gpus", "fabric", "model", "memory", "space"):
+    for gather in ("docker", "gpus", "fabric", "host_nccl", "model", "memory", "space"):
         monkeypatch.setattr(probe, gather, lambda *args: {})
     monkeypatch.setattr(probe, "print", lambda line: printed.append(line), raising=False)
     monkeypatch.setattr(probe.shutil, "which", lambda tool: "/usr/bin/rsync" if tool == "rsync" else None)
@@ -1179,7 +1179,7 @@ esac
                                "inside": {"ray": "2.60.0", "vllm": "0.11.0", "archs": ["A"]}}
     assert runs.read_text().count("run") == 1
     # inside4-: the facts gained the image's huggingface_hub; a cache from before lacks it, and is not read.
-    assert (tmp_path / "home/.cache/spark-vllm/preflight/inside4-ab12.json").exists()
+    assert (tmp_path / "home/.cache/spark-vllm/preflight/inside5-ab12.json").exists()
     (tmp_path / "id").write_text("cd34")  # a new image under the same tag is read again
     assert probe.image(spec)["id"] == "sha256:cd34" and runs.read_text().count("run") == 2
 
