@@ -222,7 +222,9 @@ def fabric(spec):
 def host_nccl(spec):
     """The host's own NCCL, as the dynamic linker's cache lists it (DGX OS's libnccl2 package), with its version from
     the file its link leads to (libnccl.so.2.28.9)."""
-    rc, out, err = sh(["ldconfig", "-p"], spec["stepTimeout"])
+    # An SSH command's PATH often lacks /sbin, where ldconfig is.
+    ldconfig = next((p for p in ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig") if shutil.which(p)), "ldconfig")
+    rc, out, err = sh([ldconfig, "-p"], spec["stepTimeout"])
     if rc != 0:
         raise Unavailable(f"`ldconfig -p` failed: {error_line(err)}")
     path = next((line.split(" => ", 1)[1].strip() for line in out.splitlines()

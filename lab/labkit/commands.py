@@ -11,7 +11,7 @@ from . import images, model, network, nodes, ssh, twin
 from .config import FABRIC_CIDR, GATEWAY_IMAGE, INNER_IMAGE, MP_IMAGE, PREFIX, STATE_DIR, nodes as lab_nodes
 from .run import LabError, Phases, log, out, run, wait_until
 
-TOOLS = ["docker", "debootstrap", "unshare", "nsenter", "chroot", "tar", "ip", "ssh", "ssh-keygen"]
+TOOLS = ["docker", "debootstrap", "unshare", "nsenter", "chroot", "tar", "ip", "ssh", "ssh-keygen", "gcc"]
 LOCK_TIMEOUT_S = 1800
 
 

@@ -25,6 +25,37 @@ SETUPTOOLS_VERSION = "84.2.1"
 NODE_FILES = LAB_SRC / "node"
 BUILDERS = [Path(__file__), LAB_SRC / "labkit/rootfs.py"]
 STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Stand-ins for the two NCCL libraries of a Spark (docs/host-nccl.md): one version, two builds of
+# lab/nccl_stand_in/libnccl.c, the host's in the node image (where DGX OS's libnccl2 puts it, in the linker's cache),
+# the image's where vLLM's pip packages put theirs (nvidia-nccl-cu12).
+NCCL_SOURCE = LAB_SRC / "nccl_stand_in" / "libnccl.c"
+NCCL_VERSION = "2.28.9"
+NCCL_LIB = "/run/svl-build/libnccl.so.2"  # where the build's stand-in is bound while the chroot runs
+HOST_NCCL = f"""
+    lib=$(dirname "$(readlink -f /usr/lib/*/libz.so.1)")
+    cp {NCCL_LIB} "$lib/libnccl.so.{NCCL_VERSION}"
+    ln -sf "libnccl.so.{NCCL_VERSION}" "$lib/libnccl.so.2"
+    ldconfig
+    ldconfig -p | grep -q 'libnccl.so.2 '
+    """
+PIP_NCCL = f"""
+    site=$(echo /opt/venv/lib/python3*/site-packages)
+    mkdir -p "$site/nvidia/nccl/lib" "$site/nvidia_nccl_cu12-{NCCL_VERSION}.dist-info"
+    touch "$site/nvidia/__init__.py" "$site/nvidia/nccl/__init__.py"
+    cp {NCCL_LIB} "$site/nvidia/nccl/lib/libnccl.so.2"
+    printf 'Metadata-Version: 2.1\\nName: nvidia-nccl-cu12\\nVersion: {NCCL_VERSION}\\n' \\
+        > "$site/nvidia_nccl_cu12-{NCCL_VERSION}.dist-info/METADATA"
+    """
+
+
+def nccl_stand_in(which: str) -> Path:
+    """lab/nccl_stand_in/libnccl.c built as `which` ("host" or "pip"): a real shared library, soname libnccl.so.2,
+    whose build ID differs with `which`."""
+    out = CACHE_DIR / f"libnccl-{which}-{hash_inputs(NCCL_SOURCE)}.so"
+    if not out.exists():
+        run(["gcc", "-shared", "-fPIC", "-O2", "-Wl,-soname,libnccl.so.2", "-Wl,--build-id",
+             f'-DSTAND_IN="{which}"', "-o", str(out), str(NCCL_SOURCE)], timeout=120)
+    return out
 
 
 def image_id(ref: str, where: list[str] = ()) -> str | None:
@@ -33,7 +64,7 @@ def image_id(ref: str, where: list[str] = ()) -> str | None:
 
 
 def ensure_node_image() -> str:
-    stamp = hash_inputs(json.dumps(NODE_PACKAGES), NODE_FILES, LAB_SRC / "labkit/model.py", *BUILDERS)
+    stamp = hash_inputs(json.dumps(NODE_PACKAGES), NODE_FILES, LAB_SRC / "labkit/model.py", NCCL_SOURCE, *BUILDERS)
     tag = f"{NODE_IMAGE_REPO}:{stamp}"
     if image_id(tag):
         log(f"node image up to date: {tag}")
@@ -49,6 +80,9 @@ def ensure_node_image() -> str:
         model.write_models(models)
         manifest.parent.mkdir(parents=True, exist_ok=True)
         manifest.write_text(model.format_manifest(model.manifest(models)))
+        chroot_sh(root, HOST_NCCL, binds={nccl_stand_in("host"): NCCL_LIB}, env={}, timeout=60,
+                  logfile=CACHE_DIR / "node-nccl.log")
+        shutil.rmtree(root / "run/svl-build")
         docker_import(root, tag, [
             'ENTRYPOINT ["/usr/local/sbin/svl-node-init"]',
             f"ENV PATH={STD_PATH}",
@@ -156,7 +190,7 @@ def _double_image(ref: str, setup: str, what: str, loader_packages: tuple[str, .
     if not any((VLLM_DOUBLE_DIR / f).exists() for f in ("pyproject.toml", "setup.py")):
         raise LabError(f"{VLLM_DOUBLE_DIR} holds no Python project (pyproject.toml); the {what} image needs it")
     ray_rootfs = _ray_rootfs()
-    stamp = hash_inputs(ray_rootfs.name, setup, VLLM_DOUBLE_DIR, *loader_packages, *BUILDERS)
+    stamp = hash_inputs(ray_rootfs.name, setup, VLLM_DOUBLE_DIR, *loader_packages, NCCL_SOURCE, *BUILDERS)
     if _stamped(ref, stamp):
         log(f"{what} image up to date: {ref}")
         return image_id(ref)
@@ -173,10 +207,12 @@ def _double_image(ref: str, setup: str, what: str, loader_packages: tuple[str, .
             done
             rm -rf /tmp/vllm_double
             ln -sf /opt/venv/bin/vllm /usr/local/bin/vllm
-            """ + setup + """
+            """ + PIP_NCCL + setup + """
             vllm --help >/dev/null
             /opt/venv/bin/python -c 'import vllm; print("vllm", vllm.__version__)'
-            """, binds={}, env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=600, logfile=logfile)
+            """, binds={nccl_stand_in("pip"): NCCL_LIB}, env={"PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=600,
+            logfile=logfile)
+        shutil.rmtree(root / "run/svl-build")
         # Ray's usage stats look up usage-stats.ray.io and cloud metadata hosts: no lab traffic leaves the host.
         return _import_venv_image(root, ref, stamp, "RAY_USAGE_STATS_ENABLED=0")
 

@@ -134,3 +134,25 @@ def test_ray_to_mp_replaces_the_engine_and_keeps_nodes_and_images(tmp_path):
     assert replaced == GUARDS | {"serve-ready-gate"} | ARM | KEEPERS
     assert created == MP_ALL - {"serve-ready-gate"}
     assert deleted == CONTAINERS | {"cluster-ready-gate", "vllm-serve-process"} | TURNS
+
+
+@pytest.mark.parametrize("executor, replaced", [("ray", CONTAINERS | GATE_AND_SERVE | ARM), ("mp", MP_ALL | ARM)])
+def test_host_nccl_on_or_off_restarts_the_engine_alone(tmp_path, monkeypatch, executor, replaced):
+    """nccl.hostLibrary (docs/host-nccl.md) changes one mount of every engine container: what a head's env change
+    restarts with Ray, every rank with mp; never a guard, a claim, an image or a keeper."""
+    from components import preflight
+    from components.nodes.node_facts import parse
+    from components.preflight import liveness
+    from test_host_nccl import with_nccl
+
+    facts = with_nccl()
+    facts["spark1"]["ports"] = {**facts["spark1"]["ports"], "29501": {"free": True}}
+    monkeypatch.setattr(preflight, "probe", lambda d, node: parse(facts[node.name]))
+    # The life tokens of what is not yet deployed are the run's time: one time for every run here.
+    monkeypatch.setattr(preflight, "judge", lambda d, f: liveness.judge(d, f, stamp="20261208T000000Z"))
+    settings = dict(models=mp() if executor == "mp" else None, preflight={"enabled": True})
+    off = deploy(tmp_path, **settings)
+    assert changes(off, deploy(tmp_path, **settings)) == (set(), set(), set())  # the control: no change, no diff
+    on = deploy(tmp_path, **settings, nccl={"hostLibrary": True})
+    assert changes(off, on) == (replaced, set(), set())
+    assert changes(on, deploy(tmp_path, **settings)) == (replaced, set(), set())

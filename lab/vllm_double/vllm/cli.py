@@ -14,6 +14,7 @@ from vllm.args import non_default_args, parse_args
 from vllm.loader import (list_shards, load_shards, read_config, resolve_architecture,
                          resolve_max_model_len, resolve_model_dir)
 from vllm.logger import init_logger
+from vllm import nccl
 from vllm.multinode import MultiNode
 from vllm.placement import RayPlacement
 from vllm.server import ApiConfig, ApiServer
@@ -64,6 +65,7 @@ def serve(serve_parser, args) -> None:
     config = read_config(model_dir)
     resolve_architecture(config)
     max_model_len = resolve_max_model_len(config, args.max_model_len)
+    nccl.load()
 
     if multinode:
         multinode.start()
