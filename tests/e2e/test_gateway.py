@@ -180,7 +180,9 @@ def test_a_dead_model_fails_alone_and_answers_again_once_up_restarts_it(gw, n2):
     node_sh(2, "docker exec spark-vllm-lab-n2-ray-head sh -c 'kill -KILL -$(cat /run/spark-vllm/serve.pid)'")
     with pytest.raises(openai.APIStatusError) as e:
         ask(c, "lab-n2")
-    assert e.value.status_code == 503 and e.value.code == "model_unavailable", e.value
+    # 503 when the server refuses; 502 when the first request took a kept-alive connection that the dead server
+    # dropped under it (a race the kill leaves open). Either names the model (issue 37: "503 or 502").
+    assert e.value.status_code in (502, 503) and e.value.code == "model_unavailable", e.value
     assert "`lab-n2`" in e.value.message, e.value
     assert ask(c, "lab-n1")
     assert listed(c) == MODELS  # a route is config: the model is listed while its backend is down
