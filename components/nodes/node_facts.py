@@ -89,12 +89,23 @@ class Gpus:
 
 
 @dataclass(frozen=True)
+class Reach:
+    """A ping of a peer's fabric IP bound to the fabric interface: of the interface's MTU unfragmented, then small."""
+    full: bool = False  # a packet of the whole MTU passed, fragmentation off
+    small: Optional[bool] = None  # when it did not: whether a small one did
+    size: Optional[int] = None  # the MTU tried
+    error: str = ""  # what ping said
+    unavailable: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class Route:
-    """How this node reaches a peer's fabric IP (`ip route get`)."""
+    """How this node reaches a peer's fabric IP (`ip route get`), and whether it answers there."""
     dev: str = ""
     src: str = ""
     via: Optional[str] = None
     error: Optional[str] = None  # no route
+    reach: Optional[Reach] = None  # None: not tried (the interface is down or has no MTU)
 
 
 @dataclass(frozen=True)
@@ -335,11 +346,17 @@ def _gpus(value: Mapping[str, Any]) -> Gpus:
 
 def _fabric(value: Mapping[str, Any]) -> Fabric:
     routes = {peer: Route(dev=route.get("dev") or "", src=route.get("src") or "", via=route.get("via"),
-                          error=route.get("error"))
+                          error=route.get("error"), reach=_reach(route["reach"]) if "reach" in route else None)
               for peer, route in value.get("routes", {}).items()}
     return Fabric(exists=value["exists"], up=value.get("up", False), state=value.get("state", ""),
                   mtu=value.get("mtu"), addrs={name: tuple(cidrs) for name, cidrs in value.get("addrs", {}).items()},
                   routes=routes)
+
+
+def _reach(value: Mapping[str, Any]) -> Reach:
+    if "unavailable" in value:
+        return Reach(unavailable=value["unavailable"])
+    return Reach(full=value["full"], small=value.get("small"), size=value.get("size"), error=value.get("error", ""))
 
 
 def _model(value: Mapping[str, Any]) -> Model:

@@ -193,6 +193,12 @@ def check_fabric(deployment: Deployment, node: NodeSpec, facts: NodeFacts, reach
         elif route.src != ip:
             problems.append((f"traffic to {peer.name} ({peer.fabric_ip}) leaves {iface} from {route.src}, "
                              f"not fabricIp {ip}", f"make {ip} the primary address of {iface}"))
+        elif route.reach is not None and not route.reach.unavailable and not route.reach.small and \
+                not route.reach.full:
+            problems.append((f"{peer.name} ({peer.fabric_ip}) does not answer a ping over {iface}"
+                             + (f" ({route.reach.error})" if route.reach.error else ""),
+                             f"check the cable between {node.name} and {peer.name}, and that {peer.name}'s "
+                             f"{iface} is up with {peer.fabric_ip}"))
     if problems:
         return Finding(node.name, "fabric", Status.FAIL, "; ".join(p for p, _ in problems),
                        "; ".join(dict.fromkeys(fix for _, fix in problems)))
@@ -200,6 +206,22 @@ def check_fabric(deployment: Deployment, node: NodeSpec, facts: NodeFacts, reach
     peers = [p.name for p in cluster.nodes if p.name in fabric.routes]
     reason = f"{iface} up, {mine}, MTU {fabric.mtu}" + (f"; routes to {', '.join(peers)} leave through it"
                                                         if peers else "")
+    reaches = {name: fabric.routes[name].reach for name in peers}
+    answered = [name for name, r in reaches.items() if r is not None and r.full]
+    if answered:
+        reason += f"; {', '.join(answered)} answer{'s' if len(answered) == 1 else ''} a {fabric.mtu}-byte packet " \
+                  "unfragmented"
+    short = [name for name, r in reaches.items() if r is not None and not r.unavailable and not r.full]
+    if short:
+        return Finding(node.name, "fabric", Status.WARN,
+                       f"{reason}; but a {fabric.mtu}-byte packet, fragmentation off, does not pass to "
+                       f"{', '.join(short)} where a small one does: the path's MTU is below {iface}'s",
+                       f"set the same MTU (9000 on Sparks) on {iface} of every node, and on any switch between")
+    missing = {name: r.unavailable for name, r in reaches.items() if r is not None and r.unavailable}
+    if missing:
+        verb = "answers" if len(missing) == 1 else "answer"
+        return could_not(node.name, "fabric", f"{reason}; whether {', '.join(missing)} {verb}: "
+                                              f"{next(iter(missing.values()))}", "install ping (iputils-ping)")
     head = reachable[cluster.head.name].fabric if cluster.head.name in reachable else None
     if not node.head and head is not None and head.exists and head.mtu != fabric.mtu:
         return Finding(node.name, "fabric", Status.WARN, f"{reason}; but {cluster.head.name}'s MTU is {head.mtu}",

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
@@ -214,8 +215,32 @@ def fabric(spec):
         else:
             route = json.loads(out)[0]
             routes[name] = {"dev": route.get("dev"), "src": route.get("prefsrc"), "via": route.get("gateway")}
+    if facts.get("up") and facts.get("mtu"):
+        with ThreadPoolExecutor(max_workers=max(1, len(spec["peers"]))) as pool:
+            reached = dict(zip(spec["peers"], pool.map(lambda ip: reach(spec["iface"], ip, facts["mtu"]),
+                                                       spec["peers"].values())))
+        for name, found in reached.items():
+            routes[name]["reach"] = found
     facts["routes"] = routes
     return facts
+
+
+def reach(iface, ip, mtu):
+    """Whether `ip` answers over `iface` alone: with a packet of the interface's whole MTU, fragmentation off (an
+    ICMP echo of MTU - 28 bytes), and, when that fails, with a small one: a path whose MTU is smaller than the
+    interface's, against a link that carries nothing."""
+    if shutil.which("ping") is None:
+        return {"unavailable": "`ping` is not installed"}
+    def ping(*size):
+        done = subprocess.run(["ping", "-n", "-q", "-c", "1", "-W", "1", "-I", iface, *size, ip],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=5)
+        return done.returncode == 0, error_line(done.stderr) if done.stderr.strip() else ""
+    full, why = ping("-M", "do", "-s", str(mtu - 28))
+    if full:
+        return {"full": True, "size": mtu}
+    small, small_why = ping()
+    return {"full": False, "small": small, "size": mtu, "error": small_why or why}
 
 
 

@@ -71,7 +71,7 @@ def test_a_clean_preview_shows_the_table_and_passes(pf):
     run = pf.pulumi("preview", check=True)
     table = rows(run)
     assert not_ok(run) == {}, run.output
-    assert len(table) == 2 * 13 + 1  # thirteen checks a node, and the head's ports
+    assert len(table) == 2 * 14 + 1  # fourteen checks a node, and the head's ports
     assert table[("node2", "space")][0] == "ok" and table[("node2", "space")][1].endswith("; nothing is to arrive")
     assert table[("node2", "loader")] == ("ok", "auto is a load format of vLLM 0.0.0+double")
     assert re.fullmatch(r"reads [\d.]+ GB/s past the page cache \([\d.]+ MiB of model-0000\d-of-00004\.safetensors in "
@@ -81,7 +81,7 @@ def test_a_clean_preview_shows_the_table_and_passes(pf):
     assert table[("node2", "gpus")] == ("ok", "1 GPU (NVIDIA GB10 (lab stand-in)) from preflight.gpuProbe of the "
                                               "cluster catalog, a stand-in for nvidia-smi -L")
     assert table[("node2", "fabric")] == ("ok", "enp1s0f1np1 up, 10.87.200.12/24, MTU 9000; routes to node1 leave "
-                                                "through it")
+                                                "through it; node1 answers a 9000-byte packet unfragmented")
     assert table[("node2", "image")] == ("ok", f"{IMAGE} is {image_id(1, IMAGE)[7:19]}, the same on every node")
     assert table[("node2", "ray+vllm")] == ("ok", "ray 2.60.0, vllm 0.0.0+double")
     assert table[("node2", "weights")] == ("ok", "4 weight files, 16.0 MiB, the same names and sizes as node1 "
@@ -150,8 +150,30 @@ def test_a_wrong_fabric_ip_is_named_with_the_address_the_interface_holds(pf):
     assert preview.returncode != 0
     assert not_ok(preview) == {("node2", "fabric"): (
         "FAIL", "enp1s0f1np1 holds 10.87.200.12/24, not fabricIp 10.87.200.19. Fix: set node2's fabricIp to "
-                "10.87.200.12 in the cluster catalog, or add 10.87.200.19 to enp1s0f1np1")}
+                "10.87.200.12 in the cluster catalog, or add 10.87.200.19 to enp1s0f1np1"), ("node1", "fabric"): (
+        "FAIL", "node2 (10.87.200.19) does not answer a ping over enp1s0f1np1. Fix: check the cable between node1 and "
+                "node2, and that node2's enp1s0f1np1 is up with 10.87.200.19")}
     pf.edit_catalog("clusters.yaml", lambda c: c["lab"]["nodes"][1].update(fabricIp="10.87.200.12"))
+
+
+def test_a_path_that_drops_full_size_packets_is_named_and_changes_nothing(pf):
+    """node2's fabric port at MTU 1500 while node1's is at 9000: node1's full-size ping, fragmentation off, is
+    dropped where a small one passes (issue 36: every link checked at MTU - 28, bound to its interface)."""
+    before = containers(1) + containers(2)
+    node_sh(2, "ip link set enp1s0f1np1 mtu 1500")
+    try:
+        preview = pf.pulumi("preview", "--expect-no-changes", check=True)
+    finally:
+        node_sh(2, "ip link set enp1s0f1np1 mtu 9000")
+    assert not_ok(preview) == {
+        ("node1", "fabric"): ("warn", "enp1s0f1np1 up, 10.87.200.11/24, MTU 9000; routes to node2 leave through it; "
+                                      "but a 9000-byte packet, fragmentation off, does not pass to node2 where a "
+                                      "small one does: the path's MTU is below enp1s0f1np1's. Fix: set the same MTU "
+                                      "(9000 on Sparks) on enp1s0f1np1 of every node, and on any switch between"),
+        ("node2", "fabric"): ("warn", "enp1s0f1np1 up, 10.87.200.12/24, MTU 1500; routes to node1 leave through it; "
+                                      "node1 answers a 1500-byte packet unfragmented; but node1's MTU is 9000. Fix: "
+                                      "set the same MTU (9000 on Sparks) on enp1s0f1np1 of every node")}, preview.output
+    assert containers(1) + containers(2) == before
 
 
 def test_a_model_architecture_not_in_the_images_vllm_is_named_on_every_node(pf):

@@ -10,6 +10,7 @@ import copy
 import hashlib
 import importlib.util
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -1225,3 +1226,63 @@ def test_the_probe_reads_the_load_formats_and_the_loaders_packages_from_the_vllm
         "fastsafetensors": {"installed": True, "version": "0.0.0+lab"},
         "instanttensor": {"installed": True, "version": "0.0.0+lab"} if with_instanttensor else {"installed": False},
         "runai_model_streamer": {"installed": False}, "tensorizer": {"installed": False}}
+
+
+# ---- the fabric's path: a ping of each peer bound to the interface, at the whole MTU, fragmentation off ----
+
+def reach_of(facts, node, peer, **reach):
+    facts[node]["fabric"]["routes"][peer]["reach"] = reach
+
+
+def test_every_peer_answering_a_full_size_packet_is_said(tmp_path):
+    facts = healthy()
+    for peer in ("spark1", "spark3"):
+        reach_of(facts, "spark2", peer, full=True, size=9000)
+    assert one(deployment(tmp_path), facts, "spark2", "fabric") == (
+        "ok", "enp1s0f1np1 up, 192.168.200.2/24, MTU 9000; routes to spark1, spark3 leave through it; spark1, "
+              "spark3 answer a 9000-byte packet unfragmented", "")
+
+
+def test_a_peer_that_answers_only_small_packets_warns_and_one_that_answers_nothing_fails(tmp_path):
+    facts = healthy()
+    reach_of(facts, "spark2", "spark1", full=True, size=9000)
+    reach_of(facts, "spark2", "spark3", full=False, small=True, size=9000, error="")
+    assert one(deployment(tmp_path), facts, "spark2", "fabric") == (
+        "warn", "enp1s0f1np1 up, 192.168.200.2/24, MTU 9000; routes to spark1, spark3 leave through it; spark1 "
+                "answers a 9000-byte packet unfragmented; but a 9000-byte packet, fragmentation off, does not pass "
+                "to spark3 where a small one does: the path's MTU is below enp1s0f1np1's",
+        "set the same MTU (9000 on Sparks) on enp1s0f1np1 of every node, and on any switch between")
+    reach_of(facts, "spark2", "spark3", full=False, small=False, size=9000,
+             error="1 packets transmitted, 0 received, 100% packet loss, time 0ms")
+    assert one(deployment(tmp_path), facts, "spark2", "fabric") == (
+        "fail", "spark3 (192.168.200.3) does not answer a ping over enp1s0f1np1 (1 packets transmitted, 0 received, "
+                "100% packet loss, time 0ms)",
+        "check the cable between spark2 and spark3, and that spark3's enp1s0f1np1 is up with 192.168.200.3")
+    reach_of(facts, "spark2", "spark3", unavailable="`ping` is not installed")
+    assert one(deployment(tmp_path), facts, "spark2", "fabric")[:2] == (
+        "warn", "could not check: enp1s0f1np1 up, 192.168.200.2/24, MTU 9000; routes to spark1, spark3 leave through "
+                "it; spark1 answers a 9000-byte packet unfragmented; whether spark3 answers: `ping` is not installed")
+
+
+def test_the_probe_pings_bound_to_the_interface_at_the_mtu_with_fragmentation_off(tmp_path, monkeypatch):
+    """A `ping` that records its arguments and answers only what the test allows: the probe's own command line."""
+    probe = load_probe()
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "ping"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\ncase "$*" in *"-M do"*) exit "$FULL";; *) exit "$SMALL";; '
+                    'esac\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    for full, small, found in (("0", "1", {"full": True, "size": 9000}),
+                               ("1", "0", {"full": False, "small": True, "size": 9000, "error": ""}),
+                               ("1", "1", {"full": False, "small": False, "size": 9000, "error": ""})):
+        monkeypatch.setenv("FULL", full)
+        monkeypatch.setenv("SMALL", small)
+        calls.write_text("")
+        assert probe.reach("enp1s0f1np1", "192.168.200.3", 9000) == found
+        tried = calls.read_text().splitlines()
+        assert tried[0] == "-n -q -c 1 -W 1 -I enp1s0f1np1 -M do -s 8972 192.168.200.3"
+        assert tried[1:] == ([] if full == "0" else ["-n -q -c 1 -W 1 -I enp1s0f1np1 192.168.200.3"])
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    assert probe.reach("enp1s0f1np1", "192.168.200.3", 9000) == {"unavailable": "`ping` is not installed"}
