@@ -143,7 +143,7 @@ def test_host_nccl_on_or_off_restarts_the_engine_alone(tmp_path, monkeypatch, ex
     from components import preflight
     from components.nodes.node_facts import parse
     from components.preflight import liveness
-    from test_host_nccl import with_nccl
+    from test_host_nccl_checks import with_nccl
 
     facts = with_nccl()
     facts["spark1"]["ports"] = {**facts["spark1"]["ports"], "29501": {"free": True}}
