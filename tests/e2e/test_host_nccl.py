@@ -86,30 +86,27 @@ def test_preflight_shows_both_libraries_and_the_serve_maps_the_images(hn, tmp_pa
                                                         check=True).stdout.split()[0]
 
 
-def test_on_the_ranks_map_each_hosts_library_and_off_the_images_again_restarting_the_ranks_alone(hn, tmp_path):
+def switch(s, on: bool) -> None:
+    """nccl.hostLibrary set, previewed (the ranks alone are replaced), then deployed and answering."""
+    s.set_config("nccl.hostLibrary", str(on).lower())
+    changed = planned(s.pulumi("preview", check=True))
+    assert {name for name, op in changed.items() if op == "replace" and name.endswith("-container")} == {
+        "vllm-rank-node1-container", "vllm-rank-node2-container"}, changed
+    assert not [name for name in changed if name.startswith(("fabric-guard", "memory-claim", "node"))], changed
+    s.up()
+    out = s.outputs()
+    assert chat(out["baseUrl"], out["servedModel"])["choices"][0]["message"]["content"]
+    assert "vLLM is using nccl==2.28.9" in node_sh(1, f"docker logs {rank(s, 1)} 2>&1")
+
+
+def test_on_every_rank_maps_its_hosts_library_and_the_ranks_alone_restart(hn):
+    switch(hn, True)
     path = pip_path(hn)
-    image_sha = subprocess.run(["sha256sum", str(image_copy(hn, tmp_path))], capture_output=True, text=True,
-                               check=True).stdout.split()[0]
-    for on in (True, False):
-        hn.set_config("nccl.hostLibrary", str(on).lower())
-        preview = hn.pulumi("preview", check=True)
-        changed = planned(preview)
-        assert {name for name, op in changed.items() if op == "replace" and name.endswith("-container")} == {
-            "vllm-rank-node1-container", "vllm-rank-node2-container"}, changed
-        assert not [name for name in changed if name.startswith(("fabric-guard", "memory-claim", "node"))], changed
-        hn.up()
-        out = hn.outputs()
-        assert chat(out["baseUrl"], out["servedModel"])["choices"][0]["message"]["content"]
-        for node in (1, 2):
-            want = sha256(node, f"cat {host_file(node)} |") if on else image_sha
-            assert mapped(hn, node, path) == want, (on, node)
-        assert "vLLM is using nccl==2.28.9" in node_sh(1, f"docker logs {rank(hn, 1)} 2>&1")
-    hn.pulumi("preview", "--expect-no-changes", check=True)
+    for node in (1, 2):
+        assert mapped(hn, node, path) == sha256(node, f"cat {host_file(node)} |"), node
 
 
 def test_with_the_setting_on_a_host_without_nccl_is_refused_and_nothing_changes(hn):
-    hn.set_config("nccl.hostLibrary", "true")
-    hn.up()
     ids = hn.outputs()["containerIds"]
     folder = node_sh(2, f"dirname $(ls {HOST_LINK})").strip()
     # Both the link and its file, as removing the package does: ldconfig would make the link again from the file.
@@ -124,6 +121,13 @@ def test_with_the_setting_on_a_host_without_nccl_is_refused_and_nothing_changes(
     finally:
         node_sh(2, f"mv /root/nccl-away/* {folder}/ && ldconfig")
     assert hn.outputs()["containerIds"] == ids
-    hn.set_config("nccl.hostLibrary", "false")
-    hn.up()
+
+
+def test_off_every_rank_maps_the_images_library_again(hn, tmp_path):
+    image_sha = subprocess.run(["sha256sum", str(image_copy(hn, tmp_path))], capture_output=True, text=True,
+                               check=True).stdout.split()[0]
+    switch(hn, False)
+    path = pip_path(hn)
+    for node in (1, 2):
+        assert mapped(hn, node, path) == image_sha, node
     hn.pulumi("preview", "--expect-no-changes", check=True)
