@@ -352,6 +352,10 @@ def check_nccl(deployment: Deployment, node: NodeSpec, facts: NodeFacts, inside_
                        f"nccl.hostLibrary is on, but {host_text} (`ldconfig -p` lists no libnccl.so.2)"
                        if host.missing else f"nccl.hostLibrary is on, but {host_text}",
                        f"install NCCL on the host (DGX OS: the libnccl2 package), {off}")
+    if inside is None and (inside_facts.image is None or not inside_facts.image.present):
+        return Finding(node.name, "nccl", Status.FAIL,
+                       "nccl.hostLibrary is on, but the image is on no node yet to find its pip NCCL in (this `up` "
+                       "pulls it)", f"deploy once with the setting off, then turn it on, {off}")
     if inside is None or inside.error is not None or inside.nccl_error:
         return could_not(node.name, "nccl", pip_text, off)
     if pip is None or pip.error:

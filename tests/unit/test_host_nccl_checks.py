@@ -160,3 +160,18 @@ def test_every_engine_container_mounts_its_hosts_library_read_only_over_the_pip_
     if executor == "mp":  # the ranks restart together: their shared digest follows the mounts
         digest = [json.dumps(r.inputs["labels"]) for r in (on.by_name(names[0]), off.by_name(names[0]))]
         assert digest[0] != digest[1]
+
+
+def test_with_the_setting_on_an_image_pulled_by_this_up_is_refused_with_the_way_out(tmp_path):
+    """A pulled image arrives during `up`: where it keeps NCCL is not known before, so the mount cannot be planned.
+    (A node that gets a copy is judged by the image of the node it is copied from.)"""
+    cfg = stack_config(write_catalog(tmp_path / "catalog"), preflight={"enabled": True}, images={"pull": "head"},
+                       nccl={"hostLibrary": True})
+    facts = with_nccl()
+    for node in facts.values():
+        node["image"] = {"present": False}
+    assert one(loader.load("test", cfg, set(), ROOT), facts, "spark1", "nccl") == (
+        "fail", "nccl.hostLibrary is on, but the image is on no node yet to find its pip NCCL in (this `up` pulls it)",
+        "deploy once with the setting off, then turn it on, or set spark-vllm:nccl.hostLibrary false")
+    assert one(load(tmp_path, hostLibrary=True), {**with_nccl(), "spark2": {**with_nccl()["spark2"], "image": {
+        "present": False}}}, "spark2", "nccl")[0] == "ok"  # spark2 gets spark1's copy, judged by spark1's image
