@@ -114,14 +114,27 @@ def run(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str, st
 def stream(ssh: SshSpec, node: NodeSpec, jump: Optional[NodeSpec], command: str) -> int:
     """Runs a command on `node` with this terminal's input and output until it ends, or Ctrl-C or SIGTERM stops it:
     for commands that follow (`tail -F`), which no timeout bounds. Returns its exit status."""
-    child = subprocess.Popen(ssh_argv(ssh, node, jump, command))
-    # ssh holds this process's output: a SIGTERM that ended only this process would leave ssh running.
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: child.terminate())
+    # ssh holds this process's output: a SIGTERM that ended only this process would leave ssh running. The handler
+    # is in place before ssh starts, so that a SIGTERM that comes while it starts is passed on too, once it has.
+    started: list[subprocess.Popen] = []
+    stopped: list[int] = []
+
+    def on_sigterm(signum, frame) -> None:
+        stopped.append(signum)
+        for child in started:
+            child.terminate()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
+        child = subprocess.Popen(ssh_argv(ssh, node, jump, command))
+        started.append(child)
+        if stopped:
+            child.terminate()
         code = child.wait()
     except KeyboardInterrupt:
-        child.terminate()
-        code = child.wait()
+        for child in started:
+            child.terminate()
+        code = started[0].wait() if started else 128 + signal.SIGINT
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 128 - code if code < 0 else code
