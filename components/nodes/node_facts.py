@@ -93,7 +93,6 @@ class Reach:
     """A ping of a peer's fabric IP bound to the fabric interface: of the interface's MTU unfragmented, then small."""
     full: bool = False  # a packet of the whole MTU passed, fragmentation off
     small: Optional[bool] = None  # when it did not: whether a small one did
-    size: Optional[int] = None  # the MTU tried
     error: str = ""  # what ping said
     unavailable: Optional[str] = None
 
@@ -356,7 +355,7 @@ def _fabric(value: Mapping[str, Any]) -> Fabric:
 def _reach(value: Mapping[str, Any]) -> Reach:
     if "unavailable" in value:
         return Reach(unavailable=value["unavailable"])
-    return Reach(full=value["full"], small=value.get("small"), size=value.get("size"), error=value.get("error", ""))
+    return Reach(full=value["full"], small=value.get("small"), error=value.get("error", ""))
 
 
 def _model(value: Mapping[str, Any]) -> Model:

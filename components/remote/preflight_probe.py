@@ -229,18 +229,17 @@ def reach(iface, ip, mtu):
     """Whether `ip` answers over `iface` alone: with a packet of the interface's whole MTU, fragmentation off (an
     ICMP echo of MTU - 28 bytes), and, when that fails, with a small one: a path whose MTU is smaller than the
     interface's, against a link that carries nothing."""
-    if shutil.which("ping") is None:
-        return {"unavailable": "`ping` is not installed"}
     def ping(*size):
-        done = subprocess.run(["ping", "-n", "-q", "-c", "1", "-W", "1", "-I", iface, *size, ip],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              universal_newlines=True, timeout=5)
-        return done.returncode == 0, error_line(done.stderr) if done.stderr.strip() else ""
-    full, why = ping("-M", "do", "-s", str(mtu - 28))
-    if full:
-        return {"full": True, "size": mtu}
-    small, small_why = ping()
-    return {"full": False, "small": small, "size": mtu, "error": small_why or why}
+        rc, _, err = sh(["ping", "-n", "-q", "-c", "1", "-W", "1", "-I", iface, *size, ip], 5)
+        return rc == 0, error_line(err) if err.strip() else ""
+    try:
+        full, why = ping("-M", "do", "-s", str(mtu - 28))
+        if full:
+            return {"full": True}
+        small, small_why = ping()
+    except Unavailable as e:
+        return {"unavailable": str(e)}
+    return {"full": False, "small": small, "error": small_why or why}
 
 
 

@@ -1237,7 +1237,7 @@ def reach_of(facts, node, peer, **reach):
 def test_every_peer_answering_a_full_size_packet_is_said(tmp_path):
     facts = healthy()
     for peer in ("spark1", "spark3"):
-        reach_of(facts, "spark2", peer, full=True, size=9000)
+        reach_of(facts, "spark2", peer, full=True)
     assert one(deployment(tmp_path), facts, "spark2", "fabric") == (
         "ok", "enp1s0f1np1 up, 192.168.200.2/24, MTU 9000; routes to spark1, spark3 leave through it; spark1, "
               "spark3 answer a 9000-byte packet unfragmented", "")
@@ -1245,14 +1245,14 @@ def test_every_peer_answering_a_full_size_packet_is_said(tmp_path):
 
 def test_a_peer_that_answers_only_small_packets_warns_and_one_that_answers_nothing_fails(tmp_path):
     facts = healthy()
-    reach_of(facts, "spark2", "spark1", full=True, size=9000)
-    reach_of(facts, "spark2", "spark3", full=False, small=True, size=9000, error="")
+    reach_of(facts, "spark2", "spark1", full=True)
+    reach_of(facts, "spark2", "spark3", full=False, small=True, error="")
     assert one(deployment(tmp_path), facts, "spark2", "fabric") == (
         "warn", "enp1s0f1np1 up, 192.168.200.2/24, MTU 9000; routes to spark1, spark3 leave through it; spark1 "
                 "answers a 9000-byte packet unfragmented; but a 9000-byte packet, fragmentation off, does not pass "
                 "to spark3 where a small one does: the path's MTU is below enp1s0f1np1's",
         "set the same MTU (9000 on Sparks) on enp1s0f1np1 of every node, and on any switch between")
-    reach_of(facts, "spark2", "spark3", full=False, small=False, size=9000,
+    reach_of(facts, "spark2", "spark3", full=False, small=False,
              error="1 packets transmitted, 0 received, 100% packet loss, time 0ms")
     assert one(deployment(tmp_path), facts, "spark2", "fabric") == (
         "fail", "spark3 (192.168.200.3) does not answer a ping over enp1s0f1np1 (1 packets transmitted, 0 received, "
@@ -1274,9 +1274,9 @@ def test_the_probe_pings_bound_to_the_interface_at_the_mtu_with_fragmentation_of
                     'esac\n')
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
-    for full, small, found in (("0", "1", {"full": True, "size": 9000}),
-                               ("1", "0", {"full": False, "small": True, "size": 9000, "error": ""}),
-                               ("1", "1", {"full": False, "small": False, "size": 9000, "error": ""})):
+    for full, small, found in (("0", "1", {"full": True}),
+                               ("1", "0", {"full": False, "small": True, "error": ""}),
+                               ("1", "1", {"full": False, "small": False, "error": ""})):
         monkeypatch.setenv("FULL", full)
         monkeypatch.setenv("SMALL", small)
         calls.write_text("")
